@@ -1,0 +1,17 @@
+"""Backends run the expert math behind one Protocol; see ``backends.base``."""
+
+from backends.base import (
+    DeviceInfo as DeviceInfo,
+    MoEBackend as MoEBackend,
+    PreparedExperts as PreparedExperts,
+    Support as Support,
+)
+from backends.builtin import register_builtin_backends
+from backends.registry import (
+    available_backends as available_backends,
+    create_backend as create_backend,
+    register_backend as register_backend,
+    select_backend as select_backend,
+)
+
+register_builtin_backends()

@@ -1,0 +1,144 @@
+"""The backend contract: MoEBackend Protocol, Support, DeviceInfo, PreparedExperts.
+
+May import core; heavy or optional packages only inside functions.
+Shape legend: ``T`` tokens, ``D`` hidden size.
+"""
+
+from typing import Literal, Protocol, TypeVar
+
+import attrs
+import torch
+
+from core.config import MoEConfig
+from core.layout import WeightLayout
+from core.routing import Routing
+from core.scheme import Int4Scheme
+from core.weights import QuantizedExpertWeights
+
+DeviceType = Literal["cpu", "cuda", "xpu", "other"]
+
+
+@attrs.frozen(kw_only=True)
+class Support:
+    """A backend's answer to "can you run this?", with the reason when it cannot.
+
+    Attributes:
+        ok: whether the backend supports the request.
+        reason: why not (empty when ``ok``).
+    """
+
+    ok: bool
+    reason: str = ""
+
+    @classmethod
+    def yes(cls) -> "Support":
+        """Supported."""
+        return cls(ok=True)
+
+    @classmethod
+    def no(cls, reason: str) -> "Support":
+        """Not supported, because ``reason``."""
+        return cls(ok=False, reason=reason)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@attrs.frozen(kw_only=True)
+class DeviceInfo:
+    """What selection needs to know about a device, as a plain value.
+
+    Attributes:
+        type: `cpu`, `cuda`, `xpu` or `other`.
+        index: device index, if any.
+        capability: CUDA compute capability ``(major, minor)``, if known.
+        name: human-readable device name.
+    """
+
+    type: DeviceType
+    index: int | None = None
+    capability: tuple[int, int] | None = None
+    name: str = ""
+
+    @classmethod
+    def of(cls, device: torch.device | str) -> "DeviceInfo":
+        """Describe ``device`` (queries torch: call this at the edges only)."""
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            major, minor = torch.cuda.get_device_capability(idx)
+            return cls(
+                type="cuda",
+                index=idx,
+                capability=(major, minor),
+                name=torch.cuda.get_device_name(idx),
+            )
+        if dev.type in ("cpu", "xpu"):
+            kind: DeviceType = "cpu" if dev.type == "cpu" else "xpu"
+            return cls(type=kind, index=dev.index, name=dev.type)
+        return cls(type="other", index=dev.index, name=dev.type)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PreparedExperts:
+    """Base of every backend's prepared form (abstract: backends subclass it, final).
+
+    Attributes:
+        weights: the canonical weights it was prepared from (shared, never mutated).
+        config: the layer configuration.
+        dtype: the activation dtype it was prepared for.
+    """
+
+    weights: QuantizedExpertWeights
+    config: MoEConfig
+    dtype: torch.dtype
+
+
+P = TypeVar("P", bound=PreparedExperts)
+
+
+def check_prepared(prepared: PreparedExperts, cls: type[P], backend: str) -> P:
+    """Return ``prepared`` as ``cls`` or raise ``TypeError`` naming both backends."""
+    if not isinstance(prepared, cls):
+        raise TypeError(
+            f"prepared must come from backend {backend!r}.prepare "
+            f"({cls.__name__}), got {type(prepared).__name__}"
+        )
+    return prepared
+
+
+class MoEBackend(Protocol):
+    """Runs the expert math for ``Int4MoE``. Structural: no inheritance needed.
+
+    ``supports`` is cheap and pure over its arguments; ``prepare`` runs once after the
+    weights are loaded (or moved) and may repack them; ``apply`` runs per forward call.
+    """
+
+    @property
+    def name(self) -> str:
+        """Registry name of the backend, e.g. ``reference``."""
+        ...
+
+    def supports(
+        self,
+        config: MoEConfig,
+        scheme: Int4Scheme,
+        layout: WeightLayout,
+        device: DeviceInfo,
+        *,
+        dtype: torch.dtype,
+    ) -> Support:
+        """Whether this backend can run the layer on ``device`` with ``dtype`` inputs."""
+        ...
+
+    def prepare(
+        self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
+    ) -> PreparedExperts:
+        """One-time conversion into the backend's form; never mutates ``weights``."""
+        ...
+
+    def apply(
+        self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
+    ) -> torch.Tensor:
+        """``(T, D)`` output in the dtype of ``hidden_TD``."""
+        ...

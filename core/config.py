@@ -1,0 +1,110 @@
+"""MoEConfig: the static shape and routing description of one MoE layer.
+
+Pure metadata (attrs, frozen, hashable). Imports only stdlib and attrs.
+"""
+
+from typing import Literal, TypeAlias
+
+import attrs
+
+from core.errors import ConfigError
+
+Activation: TypeAlias = Literal["silu", "gelu", "gelu_tanh", "swigluoai"]
+ScoringFunc: TypeAlias = Literal["softmax", "sigmoid"]
+
+ACTIVATIONS: tuple[Activation, ...] = ("silu", "gelu", "gelu_tanh", "swigluoai")
+SCORING_FUNCS: tuple[ScoringFunc, ...] = ("softmax", "sigmoid")
+
+_positive = attrs.validators.and_(attrs.validators.instance_of(int), attrs.validators.ge(1))
+_optional_positive = attrs.validators.optional(_positive)
+_is_bool = attrs.validators.instance_of(bool)
+
+
+def _one_of(allowed: tuple[str, ...]) -> "attrs._ValidatorType[str]":
+    def check(_inst: object, attribute: "attrs.Attribute[str]", value: str) -> None:
+        if value not in allowed:
+            names = ", ".join(f"`{a}`" for a in allowed)
+            raise ConfigError(f"{attribute.name} must be one of {names}, got {value!r}")
+
+    return check
+
+
+def _positive_float(_inst: object, attribute: "attrs.Attribute[float]", value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class MoEConfig:
+    """One MoE layer: sizes, routing and activation.
+
+    Attributes:
+        num_experts: experts in the layer (``E``); with an ``expert_map`` the global count.
+        top_k: experts per token (``K``).
+        hidden_size: model dimension (``D``).
+        intermediate_size: per-expert intermediate size (``F``); w13 has ``2F`` rows.
+        renormalize: rescale the top-k weights to sum to one.
+        scoring_func: `softmax` or `sigmoid` over the router logits.
+        activation: `silu` (SwiGLU), `gelu`, `gelu_tanh` (both gated like SwiGLU) or
+            `swigluoai` (gpt-oss; clamped, ``(up + 1) * gate * sigmoid(alpha * gate)``).
+        num_expert_group: DeepSeek-style grouped top-k: number of expert groups.
+        topk_group: DeepSeek-style grouped top-k: groups kept per token.
+        routed_scaling_factor: multiplies the final top-k weights.
+        apply_router_weight_on_input: scale the input by the router weight instead of the
+            output (Llama-4 style; needs ``top_k == 1``).
+        swiglu_alpha: ``alpha`` of `swigluoai`.
+        swiglu_limit: clamp limit of `swigluoai`.
+    """
+
+    num_experts: int = attrs.field(validator=_positive)
+    top_k: int = attrs.field(validator=_positive)
+    hidden_size: int = attrs.field(validator=_positive)
+    intermediate_size: int = attrs.field(validator=_positive)
+    renormalize: bool = attrs.field(default=True, validator=_is_bool)
+    scoring_func: ScoringFunc = attrs.field(default="softmax", validator=_one_of(SCORING_FUNCS))
+    activation: Activation = attrs.field(default="silu", validator=_one_of(ACTIVATIONS))
+    num_expert_group: int | None = attrs.field(default=None, validator=_optional_positive)
+    topk_group: int | None = attrs.field(default=None, validator=_optional_positive)
+    routed_scaling_factor: float = attrs.field(default=1.0, validator=_positive_float)
+    apply_router_weight_on_input: bool = attrs.field(default=False, validator=_is_bool)
+    swiglu_alpha: float = attrs.field(default=1.702, validator=_positive_float)
+    swiglu_limit: float = attrs.field(default=7.0, validator=_positive_float)
+
+    def __attrs_post_init__(self) -> None:
+        if self.top_k > self.num_experts:
+            raise ConfigError(
+                f"top_k must be <= num_experts={self.num_experts}, got {self.top_k}"
+            )
+        if self.apply_router_weight_on_input and self.top_k != 1:
+            raise ConfigError(
+                f"apply_router_weight_on_input needs top_k=1, got top_k={self.top_k}"
+            )
+        self._check_grouping()
+
+    def _check_grouping(self) -> None:
+        groups, keep = self.num_expert_group, self.topk_group
+        if (groups is None) != (keep is None):
+            raise ConfigError(
+                "num_expert_group and topk_group must be given together, got "
+                f"num_expert_group={groups}, topk_group={keep}"
+            )
+        if groups is None or keep is None:
+            return
+        if self.num_experts % groups:
+            raise ConfigError(
+                f"num_expert_group must divide num_experts={self.num_experts}, got {groups}"
+            )
+        if keep > groups:
+            raise ConfigError(
+                f"topk_group must be <= num_expert_group={groups}, got {keep}"
+            )
+        if self.top_k > keep * (self.num_experts // groups):
+            raise ConfigError(
+                f"top_k={self.top_k} must be <= topk_group * experts per group = "
+                f"{keep * (self.num_experts // groups)}"
+            )
+
+    @property
+    def uses_grouped_topk(self) -> bool:
+        """Whether DeepSeek-style grouped top-k is configured."""
+        return self.num_expert_group is not None

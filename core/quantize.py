@@ -1,0 +1,191 @@
+"""Round-to-nearest int4 quantization and exact dequantization (torchao vocabulary).
+
+Weights are ``(..., N, K)`` with K the reduction dimension; groups run along K.
+Shape legend: ``N`` output rows, ``K`` reduction dim here (this file has no top-k),
+``G`` groups along K. Imports only torch and core.
+"""
+
+import torch
+
+from core.errors import ShapeError
+from core.packing import pack_int4, unpack_int4
+from core.scheme import Int4Scheme
+from core.weights import QParams, QuantizedExpertWeights
+
+_SYM_OFFSET = 8
+# amax / 7.5 with codes clamped to [-8, 7]: the largest magnitude lands on the clamp
+# edge, so every value is off by at most half a step (scale / 2 = amax / 15), which is
+# finer than the amax / 7 convention whose step is larger by 7%.
+_SYM_DIVISOR = 7.5
+
+
+def _grouped(w_NK: torch.Tensor, scheme: Int4Scheme) -> torch.Tensor:
+    """View ``(..., N, K)`` as ``(..., N, G, K/G)``."""
+    k = int(w_NK.shape[-1])
+    groups = scheme.num_groups(k, name="weight last dim")
+    return w_NK.reshape(*w_NK.shape[:-1], groups, k // groups)
+
+
+def choose_qparams(
+    w_NK: torch.Tensor, scheme: Int4Scheme, *, scale_dtype: torch.dtype
+) -> QParams:
+    """Choose per-group scales (and zero points) for ``w_NK``.
+
+    Computed in float32; the scale is rounded to ``scale_dtype`` here, so codes chosen
+    by :func:`quantize` see the scale exactly as it will be stored.
+
+    Args:
+        w_NK: floating ``(..., N, K)``.
+        scheme: symmetric or asymmetric, and the group size.
+        scale_dtype: dtype of the stored scales.
+
+    Returns:
+        ``QParams`` with ``scale`` ``(..., N, G)`` and, for asymmetric, uint8 zero points.
+    """
+    grouped = _grouped(w_NK.float(), scheme)
+    if not scheme.has_zero_point:
+        scale = grouped.abs().amax(dim=-1) / _SYM_DIVISOR
+        return QParams(scale=scale.to(scale_dtype))
+    # The range always includes 0 so the zero point is a valid code in 0..15.
+    lo = grouped.amin(dim=-1).clamp(max=0.0)
+    hi = grouped.amax(dim=-1).clamp(min=0.0)
+    scale = ((hi - lo) / scheme.qmax).to(scale_dtype)
+    safe = _safe_scale(scale)
+    zero = torch.round(-lo / safe).clamp(scheme.qmin, scheme.qmax).to(torch.uint8)
+    return QParams(scale=scale, zero_point=zero)
+
+
+def _safe_scale(scale: torch.Tensor) -> torch.Tensor:
+    """float32 scale with zeros replaced by one (an all-zero group quantizes to zero)."""
+    as_f32 = scale.float()
+    return torch.where(as_f32 == 0, torch.ones_like(as_f32), as_f32)
+
+
+def quantize(w_NK: torch.Tensor, qparams: QParams, scheme: Int4Scheme) -> torch.Tensor:
+    """Round ``w_NK`` to int4 codes with the given parameters.
+
+    Returns:
+        uint8 codes ``(..., N, K)`` in ``0..15`` (unpacked).
+    """
+    grouped = _grouped(w_NK.float(), scheme)
+    step = _safe_scale(qparams.scale).unsqueeze(-1)
+    if qparams.zero_point is None:
+        codes = torch.round(grouped / step).clamp(-_SYM_OFFSET, _SYM_OFFSET - 1) + _SYM_OFFSET
+    else:
+        zero = qparams.zero_point.float().unsqueeze(-1)
+        codes = (torch.round(grouped / step) + zero).clamp(scheme.qmin, scheme.qmax)
+    return codes.to(torch.uint8).reshape(w_NK.shape)
+
+
+def dequantize(
+    codes_NK: torch.Tensor,
+    qparams: QParams,
+    scheme: Int4Scheme,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Exact dequantization ``(q - z) * scale`` computed in float32, cast to ``dtype``.
+
+    Args:
+        codes_NK: uint8 codes ``(..., N, K)``.
+        qparams: ``scale`` ``(..., N, G)`` and optional ``zero_point``.
+        scheme: the scheme the codes follow.
+        dtype: output dtype.
+    """
+    grouped = _grouped(codes_NK, scheme).float()
+    zero = (
+        torch.full_like(qparams.scale, _SYM_OFFSET, dtype=torch.float32)
+        if qparams.zero_point is None
+        else qparams.zero_point.float()
+    )
+    values = (grouped - zero.unsqueeze(-1)) * qparams.scale.float().unsqueeze(-1)
+    return values.reshape(codes_NK.shape).to(dtype)
+
+
+def dequantize_packed(
+    qdata_NP: torch.Tensor,
+    qparams: QParams,
+    scheme: Int4Scheme,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """:func:`dequantize` of packed ``(..., N, K/2)`` bytes."""
+    return dequantize(unpack_int4(qdata_NP), qparams, scheme, dtype=dtype)
+
+
+def quantize_tensor(
+    w_NK: torch.Tensor, scheme: Int4Scheme, *, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, QParams]:
+    """choose_qparams, quantize and pack one ``(..., N, K)`` tensor.
+
+    Returns:
+        packed uint8 ``(..., N, K/2)`` and its ``QParams``.
+    """
+    qparams = choose_qparams(w_NK, scheme, scale_dtype=scale_dtype)
+    return pack_int4(quantize(w_NK, qparams, scheme)), qparams
+
+
+def quantize_expert_weights(
+    w13_weight: torch.Tensor,
+    w2_weight: torch.Tensor,
+    scheme: Int4Scheme,
+    *,
+    scale_dtype: torch.dtype = torch.bfloat16,
+) -> QuantizedExpertWeights:
+    """Quantize float expert weights into the canonical layout.
+
+    Args:
+        w13_weight: ``(E, 2F, D)``, gate rows ``[0:F]``, up rows ``[F:2F]``.
+        w2_weight: ``(E, D, F)``.
+        scheme: int4 scheme.
+        scale_dtype: dtype of the stored scales (the activation dtype).
+
+    Raises:
+        ShapeError: on wrong ranks or sizes, or sizes the group size does not divide.
+    """
+    if w13_weight.ndim != 3 or w2_weight.ndim != 3:
+        raise ShapeError(
+            "w13_weight and w2_weight must be 3-D (E, 2F, D) and (E, D, F), got shapes "
+            f"{tuple(w13_weight.shape)} and {tuple(w2_weight.shape)}"
+        )
+    w13_qdata, w13 = quantize_tensor(w13_weight, scheme, scale_dtype=scale_dtype)
+    w2_qdata, w2 = quantize_tensor(w2_weight, scheme, scale_dtype=scale_dtype)
+    return QuantizedExpertWeights(
+        w13_qdata=w13_qdata,
+        w13_scale=w13.scale,
+        w13_zero_point=w13.zero_point,
+        w2_qdata=w2_qdata,
+        w2_scale=w2.scale,
+        w2_zero_point=w2.zero_point,
+        scheme=scheme,
+    )
+
+
+def dequantize_expert_weights(
+    weights: QuantizedExpertWeights, *, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantize every expert: ``(E, 2F, D)`` and ``(E, D, F)`` in ``dtype``.
+
+    This materializes all experts; prefer :func:`dequantize_expert` in loops.
+    """
+    scheme = weights.scheme
+    w13 = dequantize_packed(weights.w13_qdata, weights.w13, scheme, dtype=dtype)
+    w2 = dequantize_packed(weights.w2_qdata, weights.w2, scheme, dtype=dtype)
+    return w13, w2
+
+
+def dequantize_expert(
+    weights: QuantizedExpertWeights, expert: int, *, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantize one expert: ``(2F, D)`` and ``(D, F)`` in ``dtype``."""
+
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[expert]
+
+    scheme = weights.scheme
+    w13 = QParams(scale=weights.w13_scale[expert], zero_point=pick(weights.w13_zero_point))
+    w2 = QParams(scale=weights.w2_scale[expert], zero_point=pick(weights.w2_zero_point))
+    return (
+        dequantize_packed(weights.w13_qdata[expert], w13, scheme, dtype=dtype),
+        dequantize_packed(weights.w2_qdata[expert], w2, scheme, dtype=dtype),
+    )

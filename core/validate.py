@@ -1,0 +1,134 @@
+"""Boundary checks (``check_*`` raise, ``is_*`` answer). Pure; imports torch and core.
+
+Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
+Messages name the argument, then what was expected, then what came.
+"""
+
+import torch
+
+from core.config import MoEConfig
+from core.errors import DTypeError, ShapeError
+from core.routing import Routing
+from core.scheme import SUPPORTED_GROUP_SIZES, Int4Scheme
+from core.weights import QuantizedExpertWeights
+
+ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def is_supported_group_size(group_size: int) -> bool:
+    """Whether ``group_size`` is one the library implements."""
+    return group_size in SUPPORTED_GROUP_SIZES
+
+
+def check_activation_dtype(name: str, dtype: torch.dtype) -> None:
+    """Raise ``DTypeError`` unless ``dtype`` is fp32, fp16 or bf16."""
+    if dtype not in ACTIVATION_DTYPES:
+        raise DTypeError(
+            f"{name} must be float32, float16 or bfloat16, got dtype {dtype}"
+        )
+
+
+def check_hidden_states(hidden_states: torch.Tensor, config: MoEConfig) -> None:
+    """``hidden_states`` must be ``(..., D)`` in a supported floating dtype."""
+    check_activation_dtype("hidden_states", hidden_states.dtype)
+    if hidden_states.ndim == 0 or hidden_states.shape[-1] != config.hidden_size:
+        raise ShapeError(
+            f"hidden_states must have last dim hidden_size={config.hidden_size}, "
+            f"got shape {tuple(hidden_states.shape)}"
+        )
+
+
+def check_finite(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` (``ShapeError``) if ``tensor`` holds NaN or inf."""
+    if not tensor.dtype.is_floating_point:
+        raise DTypeError(f"{name} must be a floating tensor, got dtype {tensor.dtype}")
+    bad = ~torch.isfinite(tensor)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ShapeError(
+            f"{name} must be finite, got {int(bad.sum())} NaN/inf values (first at {where})"
+        )
+
+
+def check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """Raise ``ShapeError`` unless ``tensor.shape == expected``."""
+    if tuple(tensor.shape) != expected:
+        raise ShapeError(f"{name} must have shape {expected}, got {tuple(tensor.shape)}")
+
+
+def check_float_expert_weights(
+    w13_weight: torch.Tensor, w2_weight: torch.Tensor, config: MoEConfig
+) -> None:
+    """Float ``w13_weight (E, 2F, D)`` and ``w2_weight (E, D, F)``, finite."""
+    e, f, d = config.num_experts, config.intermediate_size, config.hidden_size
+    check_shape("w13_weight", w13_weight, (e, 2 * f, d))
+    check_shape("w2_weight", w2_weight, (e, d, f))
+    check_finite("w13_weight", w13_weight)
+    check_finite("w2_weight", w2_weight)
+
+
+def check_scheme(scheme: Int4Scheme, config: MoEConfig) -> None:
+    """The scheme's group size must divide both reduction dims, which must be even."""
+    scheme.num_groups(config.hidden_size, name="hidden_size")
+    scheme.num_groups(config.intermediate_size, name="intermediate_size")
+
+
+def _check_codes(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tensor.dtype != torch.uint8:
+        raise DTypeError(f"{name} must be uint8, got dtype {tensor.dtype}")
+    check_shape(name, tensor, expected)
+
+
+def _check_scale(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
+    check_activation_dtype(name, tensor.dtype)
+    check_shape(name, tensor, expected)
+
+
+def check_expert_weights(
+    weights: QuantizedExpertWeights, config: MoEConfig, *, num_experts: int
+) -> None:
+    """Every canonical tensor has the right dtype, shape and device (FORMATS.md 2)."""
+    scheme = weights.scheme
+    check_scheme(scheme, config)
+    e, f, d = num_experts, config.intermediate_size, config.hidden_size
+    gd, gf = scheme.num_groups(d), scheme.num_groups(f)
+    _check_codes("w13_qdata", weights.w13_qdata, (e, 2 * f, d // 2))
+    _check_codes("w2_qdata", weights.w2_qdata, (e, d, f // 2))
+    _check_scale("w13_scale", weights.w13_scale, (e, 2 * f, gd))
+    _check_scale("w2_scale", weights.w2_scale, (e, d, gf))
+    for name, zero, shape in (
+        ("w13_zero_point", weights.w13_zero_point, (e, 2 * f, gd)),
+        ("w2_zero_point", weights.w2_zero_point, (e, d, gf)),
+    ):
+        if scheme.has_zero_point != (zero is not None):
+            want = "a tensor" if scheme.has_zero_point else "None"
+            got = "None" if zero is None else "a tensor"
+            raise ShapeError(f"{name} must be {want} for {scheme.name}, got {got}")
+        if zero is not None:
+            _check_codes(name, zero, shape)
+    check_same_device(weights.tensors())
+
+
+def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
+    """All tensors live on one device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ShapeError(f"tensors must be on one device, got {listing}")
+
+
+def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> None:
+    """``topk_weights`` float ``(T, K)`` and ``topk_ids`` integer ``(T, K)`` in range."""
+    ids, weights = routing.topk_ids, routing.topk_weights
+    expected = (num_tokens, config.top_k)
+    check_shape("topk_ids", ids, expected)
+    check_shape("topk_weights", weights, expected)
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise DTypeError(f"topk_ids must be int32 or int64, got dtype {ids.dtype}")
+    if not weights.dtype.is_floating_point:
+        raise DTypeError(f"topk_weights must be floating, got dtype {weights.dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.num_experts):
+        raise ShapeError(
+            f"topk_ids must be in [0, num_experts={config.num_experts}), got values in "
+            f"[{int(ids.min())}, {int(ids.max())}]"
+        )

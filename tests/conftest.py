@@ -1,0 +1,43 @@
+"""Shared fixtures: a seeded generator, device markers that auto-skip, registry snapshot."""
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from backends.registry import restore_registry, snapshot_registry
+
+
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _has_xpu() -> bool:
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    del config
+    absent = {
+        "cuda": None if _has_cuda() else "no CUDA device in this process",
+        "xpu": None if _has_xpu() else "no Intel XPU device in this process",
+    }
+    for item in items:
+        for marker, reason in absent.items():
+            if reason is not None and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    """A seeded CPU generator; pass it explicitly to ``torch.randn``."""
+    return torch.Generator().manual_seed(20261202)
+
+
+@pytest.fixture(autouse=True)
+def _registry_snapshot() -> Iterator[None]:
+    """Every test sees and leaves the registry as it was."""
+    saved = snapshot_registry()
+    yield
+    restore_registry(saved)
