@@ -23,3 +23,7 @@ class DTypeError(Int4MoEError, TypeError):
 
 class BackendUnavailableError(Int4MoEError, RuntimeError):
     """No backend (or not the requested one) can run this configuration."""
+
+
+class DeviceError(Int4MoEError, ValueError):
+    """Tensors that must share a device do not."""

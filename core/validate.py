@@ -7,7 +7,7 @@ Messages name the argument, then what was expected, then what came.
 import torch
 
 from core.config import MoEConfig
-from core.errors import DTypeError, ShapeError
+from core.errors import DeviceError, DTypeError, ShapeError
 from core.routing import Routing
 from core.scheme import SUPPORTED_GROUP_SIZES, Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -114,7 +114,7 @@ def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
-        raise ShapeError(f"tensors must be on one device, got {listing}")
+        raise DeviceError(f"tensors must be on one device, got {listing}")
 
 
 def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> None:
