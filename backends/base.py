@@ -65,7 +65,8 @@ class DeviceInfo:
         """Describe ``device`` (queries torch: call this at the edges only)."""
         dev = torch.device(device)
         if dev.type == "cuda":
-            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            given: int | None = dev.index
+            idx = given if given is not None else torch.cuda.current_device()
             major, minor = torch.cuda.get_device_capability(idx)
             return cls(
                 type="cuda",

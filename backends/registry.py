@@ -15,7 +15,7 @@ import torch
 from backends.base import DeviceInfo, MoEBackend
 from core.config import MoEConfig
 from core.errors import BackendUnavailableError, ConfigError
-from core.layout import WeightLayout
+from core.layout import CANONICAL_LAYOUT as _CANONICAL, WeightLayout
 from core.scheme import Int4Scheme
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ def register_backend(name: str, factory: BackendFactory, *, priority: int) -> No
         priority: higher is tried first by ``select_backend(prefer="auto")``.
     """
     if not name or name == "auto":
-        raise ConfigError(f"name must be a non-empty string other than `auto`, got {name!r}")
+        raise ConfigError(
+            f"name must be a non-empty string other than `auto`, got {name!r}"
+        )
     _REGISTRY[name] = _Entry(factory=factory, priority=priority)
 
 
@@ -77,7 +79,9 @@ def create_backend(name: str) -> MoEBackend:
     entry = _REGISTRY.get(name)
     if entry is None:
         known = ", ".join(f"`{n}`" for n in available_backends())
-        raise BackendUnavailableError(f"backend must be `auto` or one of {known}, got {name!r}")
+        raise BackendUnavailableError(
+            f"backend must be `auto` or one of {known}, got {name!r}"
+        )
     return entry.factory()
 
 
@@ -91,6 +95,46 @@ def lazy_factory(module: str, attribute: str) -> BackendFactory:
         return backend_cls()
 
     return build
+
+
+def explain_backends(
+    config: MoEConfig,
+    scheme: Int4Scheme,
+    layout: WeightLayout,
+    device: DeviceInfo,
+    *,
+    dtype: torch.dtype,
+) -> list[str]:
+    """``"name: ok"`` or ``"name: <reason>"`` for every registered backend."""
+    lines = []
+    for name in available_backends():
+        support = create_backend(name).supports(
+            config, scheme, layout, device, dtype=dtype
+        )
+        lines.append(f"{name}: {'ok' if support.ok else support.reason}")
+    return lines
+
+
+def check_backend_name(
+    name: str,
+    config: MoEConfig,
+    scheme: Int4Scheme,
+    device: DeviceInfo,
+    *,
+    dtype: torch.dtype,
+) -> None:
+    """Raise unless ``name`` is `auto` or registered, listing each backend's verdict.
+
+    Raises:
+        BackendUnavailableError: for an unknown name.
+    """
+    if name == "auto" or name in _REGISTRY:
+        return
+    verdicts = explain_backends(config, scheme, _CANONICAL, device, dtype=dtype)
+    raise BackendUnavailableError(
+        f"backend must be `auto` or one of the registered backends, got {name!r}. "
+        f"On {device.type} with {dtype}: " + "; ".join(verdicts)
+    )
 
 
 def select_backend(
@@ -121,5 +165,6 @@ def select_backend(
         reasons.append(f"{name}: {support.reason}")
     what = f"backend {prefer!r}" if prefer != "auto" else "no registered backend"
     raise BackendUnavailableError(
-        f"{what} can run {scheme.name} with {dtype} on {device.type}: " + "; ".join(reasons)
+        f"{what} can run {scheme.name} with {dtype} on {device.type}: "
+        + "; ".join(reasons)
     )

@@ -47,4 +47,7 @@ from core.scheme import (
     Int4Mapping as Int4Mapping,
     Int4Scheme as Int4Scheme,
 )
-from core.weights import QParams as QParams, QuantizedExpertWeights as QuantizedExpertWeights
+from core.weights import (
+    QParams as QParams,
+    QuantizedExpertWeights as QuantizedExpertWeights,
+)

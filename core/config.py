@@ -15,7 +15,9 @@ ScoringFunc: TypeAlias = Literal["softmax", "sigmoid"]
 ACTIVATIONS: tuple[Activation, ...] = ("silu", "gelu", "gelu_tanh", "swigluoai")
 SCORING_FUNCS: tuple[ScoringFunc, ...] = ("softmax", "sigmoid")
 
-_positive = attrs.validators.and_(attrs.validators.instance_of(int), attrs.validators.ge(1))
+_positive = attrs.validators.and_(
+    attrs.validators.instance_of(int), attrs.validators.ge(1)
+)
 _optional_positive = attrs.validators.optional(_positive)
 _is_bool = attrs.validators.instance_of(bool)
 
@@ -29,7 +31,9 @@ def _one_of(allowed: tuple[str, ...]) -> "attrs._ValidatorType[str]":
     return check
 
 
-def _positive_float(_inst: object, attribute: "attrs.Attribute[float]", value: float) -> None:
+def _positive_float(
+    _inst: object, attribute: "attrs.Attribute[float]", value: object
+) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
         raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
 
@@ -61,9 +65,13 @@ class MoEConfig:
     hidden_size: int = attrs.field(validator=_positive)
     intermediate_size: int = attrs.field(validator=_positive)
     renormalize: bool = attrs.field(default=True, validator=_is_bool)
-    scoring_func: ScoringFunc = attrs.field(default="softmax", validator=_one_of(SCORING_FUNCS))
+    scoring_func: ScoringFunc = attrs.field(
+        default="softmax", validator=_one_of(SCORING_FUNCS)
+    )
     activation: Activation = attrs.field(default="silu", validator=_one_of(ACTIVATIONS))
-    num_expert_group: int | None = attrs.field(default=None, validator=_optional_positive)
+    num_expert_group: int | None = attrs.field(
+        default=None, validator=_optional_positive
+    )
     topk_group: int | None = attrs.field(default=None, validator=_optional_positive)
     routed_scaling_factor: float = attrs.field(default=1.0, validator=_positive_float)
     apply_router_weight_on_input: bool = attrs.field(default=False, validator=_is_bool)

@@ -22,10 +22,16 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
         DTypeError: if ``codes`` is not an integer tensor.
         ShapeError: if the last dimension is odd.
     """
-    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+    if (
+        codes.dtype.is_floating_point
+        or codes.dtype.is_complex
+        or codes.dtype == torch.bool
+    ):
         raise DTypeError(f"codes must be an integer tensor, got dtype {codes.dtype}")
     if codes.ndim == 0 or codes.shape[-1] % 2:
-        raise ShapeError(f"codes must have an even last dim, got shape {tuple(codes.shape)}")
+        raise ShapeError(
+            f"codes must have an even last dim, got shape {tuple(codes.shape)}"
+        )
     as_u8 = codes.to(torch.uint8)
     return (as_u8[..., 0::2] & 0xF) | ((as_u8[..., 1::2] & 0xF) << 4)
 

@@ -70,7 +70,10 @@ def quantize(w_NK: torch.Tensor, qparams: QParams, scheme: Int4Scheme) -> torch.
     grouped = _grouped(w_NK.float(), scheme)
     step = _safe_scale(qparams.scale).unsqueeze(-1)
     if qparams.zero_point is None:
-        codes = torch.round(grouped / step).clamp(-_SYM_OFFSET, _SYM_OFFSET - 1) + _SYM_OFFSET
+        codes = (
+            torch.round(grouped / step).clamp(-_SYM_OFFSET, _SYM_OFFSET - 1)
+            + _SYM_OFFSET
+        )
     else:
         zero = qparams.zero_point.float().unsqueeze(-1)
         codes = (torch.round(grouped / step) + zero).clamp(scheme.qmin, scheme.qmax)
@@ -183,7 +186,9 @@ def dequantize_expert(
         return None if t is None else t[expert]
 
     scheme = weights.scheme
-    w13 = QParams(scale=weights.w13_scale[expert], zero_point=pick(weights.w13_zero_point))
+    w13 = QParams(
+        scale=weights.w13_scale[expert], zero_point=pick(weights.w13_zero_point)
+    )
     w2 = QParams(scale=weights.w2_scale[expert], zero_point=pick(weights.w2_zero_point))
     return (
         dequantize_packed(weights.w13_qdata[expert], w13, scheme, dtype=dtype),

@@ -34,7 +34,9 @@ def moe_forward_reference(
         ``(T, D)`` in the dtype of ``hidden_TD``.
     """
     t, k = routing.topk_ids.shape
-    out_TD = torch.zeros(t, hidden_TD.shape[1], dtype=torch.float32, device=hidden_TD.device)
+    out_TD = torch.zeros(
+        t, hidden_TD.shape[1], dtype=torch.float32, device=hidden_TD.device
+    )
     order_N, counts_E = sort_tokens_by_expert(routing.topk_ids, weights.num_experts)
     weights_N = routing.topk_weights.flatten().float()
     x_TD = hidden_TD.float()

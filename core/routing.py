@@ -47,7 +47,8 @@ def _mask_groups(
     choice_TE: torch.Tensor, config: MoEConfig, *, biased: bool
 ) -> torch.Tensor:
     """Keep the ``topk_group`` best expert groups per token, others set to -inf."""
-    assert config.num_expert_group is not None and config.topk_group is not None
+    assert config.num_expert_group is not None
+    assert config.topk_group is not None
     t, e = choice_TE.shape
     grouped = choice_TE.view(t, config.num_expert_group, e // config.num_expert_group)
     if biased:
@@ -81,14 +82,18 @@ def route_topk(
         ``Routing`` with float32 weights and int64 ids.
     """
     scores_TE = score_logits(router_logits_TE, config)
-    choice_TE = scores_TE if correction_bias is None else scores_TE + correction_bias.float()
+    choice_TE = (
+        scores_TE if correction_bias is None else scores_TE + correction_bias.float()
+    )
     if config.uses_grouped_topk:
         choice_TE = _mask_groups(choice_TE, config, biased=correction_bias is not None)
     topk_ids_TK = choice_TE.topk(config.top_k, dim=-1).indices
     topk_weights_TK = scores_TE.gather(1, topk_ids_TK)
     if config.renormalize:
         denom = topk_weights_TK.sum(dim=-1, keepdim=True)
-        topk_weights_TK = topk_weights_TK / denom.clamp(min=torch.finfo(torch.float32).tiny)
+        topk_weights_TK = topk_weights_TK / denom.clamp(
+            min=torch.finfo(torch.float32).tiny
+        )
     if config.routed_scaling_factor != 1.0:
         topk_weights_TK = topk_weights_TK * config.routed_scaling_factor
     return Routing(topk_weights=topk_weights_TK, topk_ids=topk_ids_TK)
@@ -102,11 +107,17 @@ def localize_routing(routing: Routing, expert_map_E: torch.Tensor) -> Routing:
         expert_map_E: integer ``(E_global,)``; local id or ``-1``.
     """
     ids = routing.topk_ids.long()
-    local = torch.where(ids >= 0, expert_map_E[ids.clamp(min=0)], torch.full_like(ids, -1))
-    return Routing(topk_weights=routing.topk_weights, topk_ids=local.to(routing.topk_ids.dtype))
+    local = torch.where(
+        ids >= 0, expert_map_E[ids.clamp(min=0)], torch.full_like(ids, -1)
+    )
+    return Routing(
+        topk_weights=routing.topk_weights, topk_ids=local.to(routing.topk_ids.dtype)
+    )
 
 
-def count_tokens_per_expert(topk_ids_TK: torch.Tensor, num_experts: int) -> torch.Tensor:
+def count_tokens_per_expert(
+    topk_ids_TK: torch.Tensor, num_experts: int
+) -> torch.Tensor:
     """Routed pairs per expert ``(E,)`` int64; ``-1`` ids are not counted."""
     flat_N = topk_ids_TK.flatten().long()
     flat_N = torch.where(flat_N >= 0, flat_N, torch.full_like(flat_N, num_experts))

@@ -78,7 +78,9 @@ class Int4Scheme:
             ShapeError: when ``reduction_size`` is odd or not a multiple of the group size.
         """
         if reduction_size <= 0 or reduction_size % 2:
-            raise ShapeError(f"{name} must be a positive even number, got {reduction_size}")
+            raise ShapeError(
+                f"{name} must be a positive even number, got {reduction_size}"
+            )
         group = self.group_size_for(reduction_size)
         if reduction_size % group:
             raise ShapeError(

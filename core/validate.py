@@ -53,7 +53,9 @@ def check_finite(name: str, tensor: torch.Tensor) -> None:
 def check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
     """Raise ``ShapeError`` unless ``tensor.shape == expected``."""
     if tuple(tensor.shape) != expected:
-        raise ShapeError(f"{name} must have shape {expected}, got {tuple(tensor.shape)}")
+        raise ShapeError(
+            f"{name} must have shape {expected}, got {tuple(tensor.shape)}"
+        )
 
 
 def check_float_expert_weights(
@@ -96,6 +98,11 @@ def check_expert_weights(
     _check_codes("w2_qdata", weights.w2_qdata, (e, d, f // 2))
     _check_scale("w13_scale", weights.w13_scale, (e, 2 * f, gd))
     _check_scale("w2_scale", weights.w2_scale, (e, d, gf))
+    if weights.w2_scale.dtype != weights.w13_scale.dtype:
+        raise DTypeError(
+            f"w2_scale must have the dtype of w13_scale ({weights.w13_scale.dtype}), "
+            f"got {weights.w2_scale.dtype}"
+        )
     for name, zero, shape in (
         ("w13_zero_point", weights.w13_zero_point, (e, 2 * f, gd)),
         ("w2_zero_point", weights.w2_zero_point, (e, d, gf)),

@@ -1,0 +1,45 @@
+"""Names, shapes and dtypes of Int4MoE's canonical buffers (FORMATS.md section 2).
+
+May import core only.
+"""
+
+import torch
+
+from core.config import MoEConfig
+from core.errors import ConfigError
+from core.scheme import Int4Scheme
+
+BufferSpec = tuple[tuple[int, ...], torch.dtype]
+
+
+def canonical_buffer_specs(
+    config: MoEConfig, scheme: Int4Scheme, num_experts: int, dtype: torch.dtype
+) -> dict[str, BufferSpec]:
+    """Shape and dtype of each int4 buffer for ``num_experts`` local experts."""
+    e, f, d = num_experts, config.intermediate_size, config.hidden_size
+    gd, gf = (
+        scheme.num_groups(d, name="hidden_size"),
+        scheme.num_groups(f, name="intermediate_size"),
+    )
+    specs: dict[str, BufferSpec] = {
+        "w13_qdata": ((e, 2 * f, d // 2), torch.uint8),
+        "w13_scale": ((e, 2 * f, gd), dtype),
+        "w2_qdata": ((e, d, f // 2), torch.uint8),
+        "w2_scale": ((e, d, gf), dtype),
+    }
+    if scheme.has_zero_point:
+        specs["w13_zero_point"] = ((e, 2 * f, gd), torch.uint8)
+        specs["w2_zero_point"] = ((e, d, gf), torch.uint8)
+    return specs
+
+
+def expert_map_size(config: MoEConfig, num_local_experts: int | None) -> int:
+    """Experts held here: ``num_local_experts`` or, by default, all of them."""
+    if num_local_experts is None:
+        return config.num_experts
+    if not 1 <= num_local_experts <= config.num_experts:
+        raise ConfigError(
+            f"num_local_experts must be in [1, num_experts={config.num_experts}], "
+            f"got {num_local_experts}"
+        )
+    return num_local_experts

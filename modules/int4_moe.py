@@ -1,0 +1,377 @@
+"""Int4MoE: the nn.Module facade. Holds int4 buffers; the math is in core and backends.
+
+    [route_topk] -> [group by expert] -> [w13 GEMM + act(gate)*up] -> [w2 GEMM]
+        -> [weighted combine]        (all but routing inside the chosen backend)
+
+May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` experts.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from backends.base import DeviceInfo, MoEBackend, PreparedExperts
+from backends.registry import check_backend_name, select_backend
+from core.config import MoEConfig
+from core.errors import DeviceError, DTypeError, ShapeError
+from core.inputs import resolve_routing
+from core.layout import CANONICAL_LAYOUT
+from core.quantize import quantize_expert_weights
+from core.scheme import INT4_SYM_G32, Int4Scheme
+from core.validate import (
+    check_activation_dtype,
+    check_expert_weights,
+    check_float_expert_weights,
+    check_hidden_states,
+    check_scheme,
+    check_shape,
+)
+from core.weights import QuantizedExpertWeights
+from modules.buffers import canonical_buffer_specs, expert_map_size
+
+_PreparedKey = tuple[torch.device, torch.dtype, torch.dtype, int]
+
+
+class Int4MoE(nn.Module):
+    """A Mixture-of-Experts layer whose experts are stored as int4 weights (W4A16).
+
+    Buffers (the whole state): ``w13_qdata`` uint8 ``(E, 2F, D/2)``, ``w13_scale``
+    ``(E, 2F, D/G)``, ``w13_zero_point`` (asymmetric only), ``w2_qdata`` ``(E, D, F/2)``,
+    ``w2_scale`` ``(E, D, F/G)``, ``w2_zero_point``; optionally the float router
+    ``gate_weight`` ``(E, D)`` (a parameter), ``e_score_correction_bias`` ``(E,)`` and
+    ``expert_map`` ``(E,)`` (global to local expert id, ``-1`` for experts held
+    elsewhere; then the int4 buffers hold ``num_local_experts`` experts).
+
+    The backend is chosen on first use for the device and dtype of the input and its
+    prepared form is cached; it is rebuilt after ``load_state_dict`` and device or
+    dtype moves, and never saved.
+
+    Args:
+        config: layer sizes, routing and activation.
+        scheme: int4 scheme of the experts.
+        backend: `auto` or a registered backend name (``backends.available_backends()``).
+        device: where to allocate the (empty) buffers.
+        dtype: the scale and router dtype, normally the activation dtype.
+        with_gate: allocate a float router ``gate_weight``.
+        with_correction_bias: allocate ``e_score_correction_bias`` (DeepSeek-V3).
+        num_local_experts: experts held here under expert parallelism (allocates
+            ``expert_map``); ``None`` holds all ``config.num_experts``.
+    """
+
+    def __init__(
+        self,
+        config: MoEConfig,
+        *,
+        scheme: Int4Scheme = INT4_SYM_G32,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        with_gate: bool = False,
+        with_correction_bias: bool = False,
+        num_local_experts: int | None = None,
+    ) -> None:
+        super().__init__()
+        check_scheme(scheme, config)
+        check_activation_dtype("dtype", dtype)
+        self.config = config
+        self.scheme = scheme
+        self.backend = backend
+        where = DeviceInfo.of(device if device is not None else "cpu")
+        check_backend_name(backend, config, scheme, where, dtype=dtype)
+        local = expert_map_size(config, num_local_experts)
+        for name, (shape, buf_dtype) in canonical_buffer_specs(
+            config, scheme, local, dtype
+        ).items():
+            self.register_buffer(
+                name, torch.empty(shape, dtype=buf_dtype, device=device)
+            )
+        e, d = config.num_experts, config.hidden_size
+        self.gate_weight = (
+            nn.Parameter(
+                torch.empty(e, d, dtype=dtype, device=device), requires_grad=False
+            )
+            if with_gate
+            else None
+        )
+        bias = torch.zeros(e, dtype=torch.float32, device=device)
+        self.register_buffer(
+            "e_score_correction_bias", bias if with_correction_bias else None
+        )
+        emap = (
+            torch.arange(e, dtype=torch.int32, device=device)
+            if num_local_experts
+            else None
+        )
+        self.register_buffer("expert_map", emap)
+        self._prepared: tuple[_PreparedKey, MoEBackend, PreparedExperts] | None = None
+        self._load_version = 0
+        # torch leaves this public hook API unannotated.
+        self.register_load_state_dict_post_hook(_invalidate_after_load)  # type: ignore[no-untyped-call]
+
+    if TYPE_CHECKING:
+
+        def __call__(
+            self,
+            hidden_states: torch.Tensor,
+            router_logits: torch.Tensor | None = None,
+            *,
+            topk_weights: torch.Tensor | None = None,
+            topk_ids: torch.Tensor | None = None,
+        ) -> torch.Tensor:
+            """Typed twin of ``forward`` so strict mypy sees ``Tensor``."""
+            ...
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_quantized(
+        cls,
+        weights: QuantizedExpertWeights,
+        *,
+        config: MoEConfig,
+        backend: str = "auto",
+        gate_weight: torch.Tensor | None = None,
+        e_score_correction_bias: torch.Tensor | None = None,
+        expert_map: torch.Tensor | None = None,
+    ) -> "Int4MoE":
+        """Wrap weights already in the canonical layout, without copying them.
+
+        Args:
+            weights: canonical int4 experts; the buffers become these very tensors.
+            config: layer configuration (``num_experts`` is global under EP).
+            backend: `auto` or a registered backend name.
+            gate_weight: optional float router ``(E, D)``.
+            e_score_correction_bias: optional ``(E,)`` selection bias.
+            expert_map: optional ``(E,)`` integer global-to-local map, ``-1`` elsewhere.
+
+        Raises:
+            ShapeError, DTypeError, DeviceError, ConfigError: on malformed input.
+        """
+        local = _local_experts(config, weights, expert_map)
+        check_expert_weights(weights, config, num_experts=local)
+        module = cls(
+            config,
+            scheme=weights.scheme,
+            backend=backend,
+            device="meta",
+            dtype=weights.scale_dtype,
+            with_gate=gate_weight is not None,
+            with_correction_bias=e_score_correction_bias is not None,
+            num_local_experts=local if expert_map is not None else None,
+        )
+        module._adopt(weights, gate_weight, e_score_correction_bias, expert_map)
+        return module
+
+    @classmethod
+    def from_float(
+        cls,
+        *,
+        w13_weight: torch.Tensor,
+        w2_weight: torch.Tensor,
+        config: MoEConfig,
+        scheme: Int4Scheme = INT4_SYM_G32,
+        backend: str = "auto",
+        gate_weight: torch.Tensor | None = None,
+        e_score_correction_bias: torch.Tensor | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> "Int4MoE":
+        """Quantize float experts (round to nearest) and build the module.
+
+        Args:
+            w13_weight: ``(E, 2F, D)``: gate rows ``[0:F]``, up rows ``[F:2F]``.
+            w2_weight: ``(E, D, F)``.
+            config: layer configuration.
+            scheme: int4 scheme.
+            backend: `auto` or a registered backend name.
+            gate_weight: optional ``(E, D)`` router, kept in float.
+            e_score_correction_bias: optional ``(E,)`` DeepSeek-style selection bias.
+            dtype: scale and activation dtype; defaults to ``w13_weight.dtype`` when that
+                is fp16 or bf16, else bf16.
+
+        Raises:
+            ShapeError: on wrong shapes or NaN/inf weights.
+        """
+        check_scheme(scheme, config)
+        check_float_expert_weights(w13_weight, w2_weight, config)
+        if dtype is None:
+            half = (torch.float16, torch.bfloat16)
+            dtype = w13_weight.dtype if w13_weight.dtype in half else torch.bfloat16
+        check_activation_dtype("dtype", dtype)
+        weights = quantize_expert_weights(
+            w13_weight, w2_weight, scheme, scale_dtype=dtype
+        )
+        return cls.from_quantized(
+            weights,
+            config=config,
+            backend=backend,
+            gate_weight=None if gate_weight is None else gate_weight.to(dtype),
+            e_score_correction_bias=e_score_correction_bias,
+        )
+
+    def _adopt(
+        self,
+        weights: QuantizedExpertWeights,
+        gate_weight: torch.Tensor | None,
+        correction_bias: torch.Tensor | None,
+        expert_map: torch.Tensor | None,
+    ) -> None:
+        for name, tensor in weights.tensors().items():
+            self.register_buffer(name, tensor)
+        device = weights.device
+        e, d = self.config.num_experts, self.config.hidden_size
+        if gate_weight is not None:
+            check_shape("gate_weight", gate_weight, (e, d))
+            self.gate_weight = nn.Parameter(gate_weight.to(device), requires_grad=False)
+        if correction_bias is not None:
+            check_shape("e_score_correction_bias", correction_bias, (e,))
+            self.register_buffer(
+                "e_score_correction_bias", correction_bias.float().to(device)
+            )
+        if expert_map is not None:
+            self.register_buffer(
+                "expert_map", expert_map.to(device=device, dtype=torch.int32)
+            )
+
+    # ------------------------------------------------------------------ state
+    @property
+    def weights(self) -> QuantizedExpertWeights:
+        """The canonical int4 weights (views of the buffers, not copies)."""
+        return QuantizedExpertWeights(
+            w13_qdata=self._buffer("w13_qdata"),
+            w13_scale=self._buffer("w13_scale"),
+            w13_zero_point=self._optional_buffer("w13_zero_point"),
+            w2_qdata=self._buffer("w2_qdata"),
+            w2_scale=self._buffer("w2_scale"),
+            w2_zero_point=self._optional_buffer("w2_zero_point"),
+            scheme=self.scheme,
+        )
+
+    def _buffer(self, name: str) -> torch.Tensor:
+        tensor = self._optional_buffer(name)
+        assert tensor is not None, name
+        return tensor
+
+    def _optional_buffer(self, name: str) -> torch.Tensor | None:
+        tensor = self._buffers.get(name)
+        return tensor
+
+    @property
+    def backend_name(self) -> str | None:
+        """Name of the backend serving the last forward (``None`` before the first)."""
+        return None if self._prepared is None else self._prepared[1].name
+
+    def invalidate_prepared(self) -> None:
+        """Drop the backend's prepared form (call after editing buffers in place)."""
+        self._prepared = None
+        self._load_version += 1
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None = None,
+        *,
+        topk_weights: torch.Tensor | None = None,
+        topk_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Route and run the experts.
+
+        Args:
+            hidden_states: ``(..., D)`` in fp32, fp16 or bf16.
+            router_logits: ``(..., E)`` logits; leave out when routing comes from
+                ``topk_weights``/``topk_ids`` or from the module's ``gate_weight``.
+            topk_weights: ``(..., K)`` routing weights computed elsewhere.
+            topk_ids: ``(..., K)`` global expert ids matching ``topk_weights``.
+
+        Returns:
+            ``(..., D)`` in the dtype of ``hidden_states``.
+        """
+        check_hidden_states(hidden_states, self.config)
+        self._check_device(hidden_states)
+        hidden_TD = hidden_states.reshape(-1, self.config.hidden_size)
+        routing = resolve_routing(
+            hidden_TD,
+            self.config,
+            router_logits=router_logits,
+            topk_weights=topk_weights,
+            topk_ids=topk_ids,
+            gate_weight=self.gate_weight,
+            correction_bias=self._optional_buffer("e_score_correction_bias"),
+            expert_map=self._optional_buffer("expert_map"),
+        )
+        if hidden_TD.shape[0] == 0:
+            return torch.empty_like(hidden_states)
+        backend, prepared = self._ready(hidden_TD.dtype)
+        return backend.apply(hidden_TD, prepared, routing).reshape(hidden_states.shape)
+
+    def _check_device(self, hidden_states: torch.Tensor) -> None:
+        device = self._buffer("w13_qdata").device
+        if hidden_states.device != device:
+            raise DeviceError(
+                f"hidden_states must be on the module's device {device}, "
+                f"got {hidden_states.device}"
+            )
+
+    def _ready(self, dtype: torch.dtype) -> tuple[MoEBackend, PreparedExperts]:
+        qdata = self._buffer("w13_qdata")
+        key = (qdata.device, dtype, self._buffer("w13_scale").dtype, self._load_version)
+        if (
+            self._prepared is not None
+            and self._prepared[0] == key
+            and self._same_storage()
+        ):
+            return self._prepared[1], self._prepared[2]
+        backend = select_backend(
+            self.config,
+            self.scheme,
+            CANONICAL_LAYOUT,
+            DeviceInfo.of(qdata.device),
+            dtype=dtype,
+            prefer=self.backend,
+        )
+        prepared = backend.prepare(self.weights, self.config, dtype=dtype)
+        self._prepared = (key, backend, prepared)
+        return backend, prepared
+
+    def _same_storage(self) -> bool:
+        assert self._prepared is not None
+        return self._prepared[2].weights.w13_qdata is self._buffer("w13_qdata")
+
+    def extra_repr(self) -> str:
+        """Sizes, scheme, group size and backend."""
+        c = self.config
+        chosen = self.backend_name
+        backend = self.backend if chosen is None else f"{self.backend} -> {chosen}"
+        return (
+            f"num_experts={c.num_experts}, top_k={c.top_k}, hidden_size={c.hidden_size}, "
+            f"intermediate_size={c.intermediate_size}, scheme={self.scheme.name}, "
+            f"group_size={self.scheme.group_size}, activation={c.activation}, "
+            f"backend={backend}"
+        )
+
+
+def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:
+    del incompatible
+    if isinstance(module, Int4MoE):
+        module.invalidate_prepared()
+
+
+def _local_experts(
+    config: MoEConfig, weights: QuantizedExpertWeights, expert_map: torch.Tensor | None
+) -> int:
+    if expert_map is None:
+        return config.num_experts
+    check_shape("expert_map", expert_map, (config.num_experts,))
+    if expert_map.dtype not in (torch.int32, torch.int64):
+        raise DTypeError(
+            f"expert_map must be int32 or int64, got dtype {expert_map.dtype}"
+        )
+    local = weights.num_experts
+    if expert_map.numel() and (
+        int(expert_map.min()) < -1 or int(expert_map.max()) >= local
+    ):
+        raise ShapeError(
+            f"expert_map values must be -1 or local ids in [0, {local}), got values in "
+            f"[{int(expert_map.min())}, {int(expert_map.max())}]"
+        )
+    return local
