@@ -1,0 +1,271 @@
+"""CPUInt4Backend: PyTorch's own CPU int4 matmul (``_weight_int4pack_mm_for_cpu``).
+
+May import core only; the aten ops are looked up lazily. Shape legend: ``T`` tokens,
+``D`` hidden size, ``F`` intermediate size, ``H`` = 2F, ``E`` experts, ``K`` top_k,
+``N`` = T*K routed pairs, ``G`` groups along a reduction dimension.
+
+The kernel computes ``w = (q - 8) * scale + zero`` per (group, output row), with
+``scale_and_zero`` of shape ``(G, rows, 2)`` in the activation dtype. Symmetric codes
+have ``zero = 0``; an integer zero point ``z`` gives ``(q - z) * scale`` with
+``zero = (8 - z) * scale``. The packed weight is opaque and ISA-dependent, so it lives
+only in ``CPUInt4Prepared`` and is rebuilt by every ``prepare``; it is never saved.
+"""
+
+from typing import Final, final
+
+import attrs
+import torch
+
+from backends.base import DeviceInfo, PreparedExperts, Support, check_prepared
+from core.activation import apply_activation
+from core.config import MoEConfig
+from core.errors import BackendUnavailableError
+from core.layout import CANONICAL_LAYOUT, WeightLayout
+from core.packing import unpack_int4
+from core.routing import Routing, sort_tokens_by_expert
+from core.scheme import Int4Scheme
+from core.weights import QuantizedExpertWeights
+
+_PACK_OP: Final = "_convert_weight_to_int4pack_for_cpu"
+_MM_OP: Final = "_weight_int4pack_mm_for_cpu"
+KERNEL_GROUP_SIZES: Final = (32, 64, 128, 256)
+"""Group sizes ``_weight_int4pack_mm_for_cpu`` accepts (checked in its source)."""
+ROW_MULTIPLE: Final = 16
+"""Output rows of each packed weight must be a multiple of this (the packer's check)."""
+ACTIVATION_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
+"""All three run natively; only bf16 has a vectorized (AVX2/AVX-512) kernel in torch."""
+_SYM_OFFSET: Final = 8
+# innerKTiles matters only to the CUDA packer; the CPU packer ignores it (the bytes are
+# identical for 1, 2, 4 and 8 on torch 2.13), so any valid value will do.
+_INNER_K_TILES: Final = 2
+
+
+@final
+@attrs.frozen(kw_only=True, eq=False)
+class CPUInt4Prepared(PreparedExperts):
+    """The experts packed for torch's CPU int4 kernel (opaque, never serialized).
+
+    Attributes:
+        w13_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(2F, D)`` codes.
+        w13_scale_and_zero: ``(E, G, 2F, 2)`` in ``dtype``.
+        w13_group_size: the kernel group size along ``D`` (``-1`` resolved).
+        w2_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(D, F)`` codes.
+        w2_scale_and_zero: ``(E, G, D, 2)`` in ``dtype``.
+        w2_group_size: the kernel group size along ``F``.
+    """
+
+    w13_packed: torch.Tensor
+    w13_scale_and_zero: torch.Tensor
+    w13_group_size: int
+    w2_packed: torch.Tensor
+    w2_scale_and_zero: torch.Tensor
+    w2_group_size: int
+
+
+def has_cpu_int4_ops() -> bool:
+    """Whether this torch build has both CPU int4 ops (looked up on each call)."""
+    return hasattr(torch.ops.aten, _PACK_OP) and hasattr(torch.ops.aten, _MM_OP)
+
+
+def _check_rows(name: str, rows: int) -> str:
+    """Why the packer refuses a weight with ``rows`` output rows, or ``""``."""
+    if rows % ROW_MULTIPLE:
+        return f"{name}: output rows must be a multiple of {ROW_MULTIPLE}, got {rows}"
+    return ""
+
+
+def _check_group(name: str, reduction: int, scheme: Int4Scheme) -> str:
+    """Why the kernel refuses the grouping along ``reduction``, or ``""``."""
+    group = scheme.group_size_for(reduction)
+    if group not in KERNEL_GROUP_SIZES:
+        how = (
+            f" (group_size=-1 is one group of {reduction})"
+            if scheme.group_size == -1
+            else ""
+        )
+        return (
+            f"{name}: group size must be one of {KERNEL_GROUP_SIZES}, got {group}{how}"
+        )
+    if reduction % group:
+        return f"{name}: reduction size {reduction} must be a multiple of group size {group}"
+    return ""
+
+
+def _refusal(
+    config: MoEConfig,
+    scheme: Int4Scheme,
+    layout: WeightLayout,
+    device: DeviceInfo,
+    dtype: torch.dtype,
+) -> str:
+    """The first reason ``cpu-int4`` cannot run this request, or ``""``."""
+    d, f = config.hidden_size, config.intermediate_size
+    reasons = (
+        f"needs a CPU device, got {device.type}" if device.type != "cpu" else "",
+        f"needs the canonical layout {CANONICAL_LAYOUT}, got {layout}"
+        if layout != CANONICAL_LAYOUT
+        else "",
+        f"activation dtype must be one of {ACTIVATION_DTYPES}, got {dtype}"
+        if dtype not in ACTIVATION_DTYPES
+        else "",
+        _check_rows("w13 (2F x D)", 2 * f),
+        _check_rows("w2 (D x F)", d),
+        _check_group("w13 (2F x D)", d, scheme),
+        _check_group("w2 (D x F)", f, scheme),
+    )
+    first = next((r for r in reasons if r), "")
+    if first or has_cpu_int4_ops():
+        return first
+    return f"torch {torch.__version__} lacks torch.ops.aten.{_PACK_OP} or .{_MM_OP}"
+
+
+def _scale_and_zero(
+    scale_RG: torch.Tensor, zero_point_RG: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """``(G, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``dtype`` (math in float32)."""
+    scale = scale_RG.float()
+    if zero_point_RG is None:
+        zero = torch.zeros_like(scale)
+    else:
+        zero = (_SYM_OFFSET - zero_point_RG.float()) * scale
+    return torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+
+def _pack_codes(qdata_RP: torch.Tensor) -> torch.Tensor:
+    """Canonical packed bytes ``(R, K/2)`` -> the kernel's opaque packed form."""
+    codes_RK = unpack_int4(qdata_RP).to(torch.int32).contiguous()
+    pack = getattr(torch.ops.aten, _PACK_OP)
+    packed: torch.Tensor = pack(codes_RK, _INNER_K_TILES)
+    return packed
+
+
+def _pack_all(
+    qdata_ERP: torch.Tensor,
+    scale_ERG: torch.Tensor,
+    zero_ERG: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack every expert one at a time (peak memory: one expert's int32 codes)."""
+    experts = range(int(qdata_ERP.shape[0]))
+    packed = torch.stack([_pack_codes(qdata_ERP[e]) for e in experts])
+    pairs = torch.stack(
+        [
+            _scale_and_zero(
+                scale_ERG[e], None if zero_ERG is None else zero_ERG[e], dtype
+            )
+            for e in experts
+        ]
+    )
+    return packed, pairs
+
+
+@final
+class CPUInt4Backend:
+    """Per-expert loop over torch's CPU int4 kernels, packed once at ``prepare``.
+
+    Only experts that received tokens run. Inputs in another dtype than the one
+    prepared for are converted to it and the output converted back. The activation and
+    the router weighting run in float32, and outputs are accumulated in float32.
+    """
+
+    @property
+    def name(self) -> str:
+        """``cpu-int4``."""
+        return "cpu-int4"
+
+    def supports(
+        self,
+        config: MoEConfig,
+        scheme: Int4Scheme,
+        layout: WeightLayout,
+        device: DeviceInfo,
+        *,
+        dtype: torch.dtype,
+    ) -> Support:
+        """CPU, canonical layout, fp32/fp16/bf16, kernel group sizes, rows % 16 == 0."""
+        reason = _refusal(config, scheme, layout, device, dtype)
+        return Support.no(reason) if reason else Support.yes()
+
+    def prepare(
+        self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
+    ) -> CPUInt4Prepared:
+        """Pack every expert's w13 and w2 for the kernel; ``weights`` is not mutated.
+
+        Raises:
+            BackendUnavailableError: when ``supports`` would refuse, with its reason.
+        """
+        device = DeviceInfo.of(weights.device)
+        reason = _refusal(config, weights.scheme, CANONICAL_LAYOUT, device, dtype)
+        if reason:
+            raise BackendUnavailableError(
+                f"cpu-int4 cannot prepare these weights: {reason}"
+            )
+        w13_packed, w13_pairs = _pack_all(
+            weights.w13_qdata, weights.w13_scale, weights.w13_zero_point, dtype
+        )
+        w2_packed, w2_pairs = _pack_all(
+            weights.w2_qdata, weights.w2_scale, weights.w2_zero_point, dtype
+        )
+        return CPUInt4Prepared(
+            weights=weights,
+            config=config,
+            dtype=dtype,
+            w13_packed=w13_packed,
+            w13_scale_and_zero=w13_pairs,
+            w13_group_size=weights.scheme.group_size_for(config.hidden_size),
+            w2_packed=w2_packed,
+            w2_scale_and_zero=w2_pairs,
+            w2_group_size=weights.scheme.group_size_for(config.intermediate_size),
+        )
+
+    def apply(
+        self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
+    ) -> torch.Tensor:
+        """Route, run the two int4 GEMMs per used expert, weight and sum.
+
+        Returns:
+            ``(T, D)`` in the dtype of ``hidden_TD``.
+        """
+        ready = check_prepared(prepared, CPUInt4Prepared, self.name)
+        k = routing.top_k
+        out_TD = torch.zeros(
+            hidden_TD.shape[0], hidden_TD.shape[1], dtype=torch.float32
+        )
+        order_N, counts_E = sort_tokens_by_expert(
+            routing.topk_ids, ready.weights.num_experts
+        )
+        weights_N = routing.topk_weights.flatten().float()
+        x_TD = hidden_TD.to(ready.dtype)
+        ends_E = torch.cumsum(counts_E, 0).tolist()
+        for expert in torch.nonzero(counts_E).flatten().tolist():
+            end = ends_E[expert]
+            pairs = order_N[end - int(counts_E[expert]) : end]
+            tokens = pairs // k
+            y_ND = _expert_forward(x_TD[tokens], ready, expert, weights_N[pairs, None])
+            out_TD.index_add_(0, tokens, y_ND)
+        return out_TD.to(hidden_TD.dtype)
+
+
+def _expert_forward(
+    x_ND: torch.Tensor, ready: CPUInt4Prepared, expert: int, weight_N1: torch.Tensor
+) -> torch.Tensor:
+    """One expert on its routed rows: float32 ``(N, D)``, router weight applied."""
+    mm = getattr(torch.ops.aten, _MM_OP)
+    on_input = ready.config.apply_router_weight_on_input
+    if on_input:
+        x_ND = (x_ND.float() * weight_N1).to(ready.dtype)
+    h_NH = mm(
+        x_ND.contiguous(),
+        ready.w13_packed[expert],
+        ready.w13_group_size,
+        ready.w13_scale_and_zero[expert],
+    )
+    # The activation runs in float32 (cheap next to the GEMMs) and is rounded once.
+    a_NF = apply_activation(h_NH.float(), ready.config).to(ready.dtype)
+    y_ND: torch.Tensor = mm(
+        a_NF,
+        ready.w2_packed[expert],
+        ready.w2_group_size,
+        ready.w2_scale_and_zero[expert],
+    ).float()
+    return y_ND if on_input else y_ND * weight_N1
