@@ -1,0 +1,112 @@
+"""moe_forward_reference against the independent float64 dense MoE (tests/dense.py)."""
+
+import attrs
+import pytest
+import torch
+
+from core.config import Activation, MoEConfig
+from core.quantize import quantize_expert_weights
+from core.reference import moe_forward_reference
+from core.routing import Routing, route_topk
+from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, INT4_SYM_G128, Int4Scheme
+from core.weights import QuantizedExpertWeights
+from tests.dense import dense_moe_f64, dequant_f64
+from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
+
+
+def _weights(
+    e: int, f: int, d: int, scheme: Int4Scheme, gen: torch.Generator, dtype: torch.dtype
+) -> QuantizedExpertWeights:
+    w13 = torch.randn(e, 2 * f, d, generator=gen) / d**0.5
+    w2 = torch.randn(e, d, f, generator=gen) / f**0.5
+    return quantize_expert_weights(w13, w2, scheme, scale_dtype=dtype)
+
+
+def _dense(weights: QuantizedExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        dequant_f64(weights.w13_qdata, weights.w13_scale, weights.w13_zero_point),
+        dequant_f64(weights.w2_qdata, weights.w2_scale, weights.w2_zero_point),
+    )
+
+
+def _check(
+    config: MoEConfig,
+    scheme: Int4Scheme,
+    tokens: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> None:
+    weights = _weights(
+        config.num_experts, config.intermediate_size, config.hidden_size, scheme, gen, dtype
+    )
+    x = torch.randn(tokens, config.hidden_size, generator=gen).to(dtype)
+    routing = route_topk(torch.randn(tokens, config.num_experts, generator=gen), config)
+    out = moe_forward_reference(x, weights, routing, config)
+    assert out.dtype == dtype
+    assert out.shape == (tokens, config.hidden_size)
+    w13, w2 = _dense(weights)
+    expected = dense_moe_f64(x, w13, w2, routing.topk_weights, routing.topk_ids, config)
+    if tokens == 0:
+        return
+    # The oracle computes in float32 and rounds once to the output dtype.
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    assert rel_l2(expected, out) < tol
+
+
+SHAPES = [  # (E, top_k, D, F, tokens)
+    (1, 1, 64, 32, 7),
+    (8, 2, 128, 64, 1),
+    (8, 8, 64, 64, 7),
+    (16, 4, 64, 96, 300),
+    (64, 6, 64, 32, 300),
+    (32, 8, 128, 32, 0),
+]
+
+
+@pytest.mark.parametrize(("e", "k", "d", "f", "t"), SHAPES)
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_reference_matches_dense_float64(
+    e: int, k: int, d: int, f: int, t: int, scheme: Int4Scheme, generator: torch.Generator
+) -> None:
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    _check(config, scheme, t, torch.float32, generator)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swigluoai"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_reference_activations_and_dtypes(
+    activation: Activation, dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    config = MoEConfig(
+        num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, activation=activation
+    )
+    _check(config, INT4_SYM_G128, 7, dtype, generator)
+
+
+ROUTING_OPTIONS = [
+    {"renormalize": False},
+    {"scoring_func": "sigmoid"},
+    {"num_expert_group": 4, "topk_group": 2},
+    {"routed_scaling_factor": 2.5},
+    {"top_k": 1, "apply_router_weight_on_input": True},
+]
+
+
+@pytest.mark.parametrize("options", ROUTING_OPTIONS, ids=lambda o: "-".join(o))
+def test_reference_routing_options(options: dict[str, object], generator: torch.Generator) -> None:
+    base = MoEConfig(num_experts=16, top_k=4, hidden_size=64, intermediate_size=64)
+    config = attrs.evolve(base, **options)
+    _check(config, INT4_ASYM_G32, 7, torch.float32, generator)
+
+
+def test_reference_ids_of_minus_one_contribute_zero(generator: torch.Generator) -> None:
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    x = torch.randn(5, 64, generator=generator)
+    ids = torch.tensor([[0, -1], [-1, -1], [3, 2], [1, -1], [2, 0]])
+    tw = torch.rand(5, 2, generator=generator)
+    out = moe_forward_reference(x, weights, Routing(topk_weights=tw, topk_ids=ids), config)
+    w13, w2 = _dense(weights)
+    expected = dense_moe_f64(x, w13, w2, tw, ids, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32] * 10
+    torch.testing.assert_close(out[1], torch.zeros(64), rtol=0, atol=0)

@@ -1,0 +1,99 @@
+"""Routing against a per-token float64 re-statement of FORMATS.md section 5."""
+
+import attrs
+import pytest
+import torch
+
+from core.config import MoEConfig
+from core.routing import (
+    Routing,
+    count_tokens_per_expert,
+    localize_routing,
+    route_topk,
+    sort_tokens_by_expert,
+)
+from tests.tolerances import EXACT
+
+
+def _route_one_token(
+    logits: list[float], config: MoEConfig, bias: list[float] | None
+) -> tuple[list[int], list[float]]:
+    """Plain-Python routing of one token (float64)."""
+    x = torch.tensor(logits, dtype=torch.float64)
+    scores = torch.softmax(x, 0) if config.scoring_func == "softmax" else torch.sigmoid(x)
+    choice = scores.clone() if bias is None else scores + torch.tensor(bias).double()
+    allowed = list(range(config.num_experts))
+    if config.num_expert_group is not None and config.topk_group is not None:
+        size = config.num_experts // config.num_expert_group
+        groups = [choice[g * size : (g + 1) * size] for g in range(config.num_expert_group)]
+        rank = [
+            float(g.max()) if bias is None else float(g.sort(descending=True).values[:2].sum())
+            for g in groups
+        ]
+        keep = sorted(range(len(rank)), key=lambda i: -rank[i])[: config.topk_group]
+        allowed = [e for e in allowed if e // size in keep]
+    chosen = sorted(allowed, key=lambda e: -float(choice[e]))[: config.top_k]
+    weights = [float(scores[e]) for e in chosen]
+    if config.renormalize:
+        total = sum(weights)
+        weights = [w / total for w in weights]
+    return chosen, [w * config.routed_scaling_factor for w in weights]
+
+
+CASES = [
+    {},
+    {"renormalize": False},
+    {"scoring_func": "sigmoid"},
+    {"num_expert_group": 4, "topk_group": 2},
+    {"num_expert_group": 8, "topk_group": 3, "scoring_func": "sigmoid"},
+    {"routed_scaling_factor": 2.5, "renormalize": False},
+]
+
+
+@pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_route_topk_matches_per_token_rule(
+    options: dict[str, object], with_bias: bool, generator: torch.Generator
+) -> None:
+    config = attrs.evolve(
+        MoEConfig(num_experts=32, top_k=4, hidden_size=64, intermediate_size=64), **options
+    )
+    logits = torch.randn(50, 32, generator=generator)
+    bias = torch.randn(32, generator=generator) * 0.1 if with_bias else None
+    routing = route_topk(logits, config, correction_bias=bias)
+    assert routing.topk_weights.dtype == torch.float32
+    for t in range(50):
+        ids, weights = _route_one_token(
+            logits[t].tolist(), config, None if bias is None else bias.tolist()
+        )
+        assert routing.topk_ids[t].tolist() == ids
+        torch.testing.assert_close(
+            routing.topk_weights[t], torch.tensor(weights, dtype=torch.float32)
+        )
+
+
+def test_route_topk_zero_tokens() -> None:
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=64)
+    routing = route_topk(torch.zeros(0, 8), config)
+    assert routing.topk_ids.shape == (0, 2)
+    assert routing.num_tokens == 0
+    assert routing.top_k == 2
+
+
+def test_localize_routing() -> None:
+    routing = Routing(
+        topk_weights=torch.ones(2, 2), topk_ids=torch.tensor([[0, 3], [2, 1]])
+    )
+    expert_map = torch.tensor([-1, 0, -1, 1], dtype=torch.int32)
+    local = localize_routing(routing, expert_map)
+    assert local.topk_ids.tolist() == [[-1, 1], [-1, 0]]
+    assert local.topk_ids.dtype == routing.topk_ids.dtype
+
+
+def test_count_and_sort_tokens_by_expert() -> None:
+    ids = torch.tensor([[2, 0], [-1, 2], [1, 2]])
+    torch.testing.assert_close(count_tokens_per_expert(ids, 4), torch.tensor([1, 1, 3, 0]), **EXACT)
+    order, counts = sort_tokens_by_expert(ids, 4)
+    assert counts.tolist() == [1, 1, 3, 0]
+    assert ids.flatten()[order].tolist() == [0, 1, 2, 2, 2, -1]
+    assert order.tolist()[:5] == [1, 4, 0, 3, 5]  # stable within an expert

@@ -1,0 +1,85 @@
+"""Int4Scheme, MoEConfig and WeightLayout: validation, names, hashing."""
+
+import attrs
+import pytest
+
+from core.config import MoEConfig
+from core.errors import ConfigError, ShapeError
+from core.layout import CANONICAL_LAYOUT, PackingFormat
+from core.scheme import (
+    INT4_ASYM_G32,
+    INT4_ASYM_G128,
+    INT4_SYM,
+    INT4_SYM_G32,
+    INT4_SYM_G128,
+    Int4Mapping,
+    Int4Scheme,
+)
+
+
+def test_named_schemes() -> None:
+    assert INT4_SYM_G32 == Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=32)
+    assert INT4_ASYM_G32.has_zero_point
+    assert not INT4_SYM_G128.has_zero_point
+    assert INT4_ASYM_G128.name == "int4_asym_g128"
+    assert INT4_SYM.group_size == -1
+    assert (INT4_SYM_G32.qmin, INT4_SYM_G32.qmax) == (0, 15)
+    assert len({INT4_SYM_G32, Int4Scheme(mapping="symmetric", group_size=32)}) == 1
+
+
+def test_scheme_converts_strings_and_rejects_bad_group() -> None:
+    assert Int4Scheme(mapping="asymmetric").mapping is Int4Mapping.ASYMMETRIC
+    with pytest.raises(ConfigError, match=r"group_size must be one of .* got 48"):
+        Int4Scheme(group_size=48)
+    with pytest.raises(ValueError, match="'sym'"):
+        Int4Scheme(mapping="sym")
+
+
+def test_scheme_is_frozen() -> None:
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        INT4_SYM_G32.group_size = 64  # type: ignore[misc]  # the point is that it raises
+
+
+def test_num_groups() -> None:
+    assert INT4_SYM_G32.num_groups(128) == 4
+    assert INT4_SYM.num_groups(96) == 1
+    with pytest.raises(ShapeError, match="hidden_size=96 must be divisible by group_size=128"):
+        INT4_SYM_G128.num_groups(96, name="hidden_size")
+    with pytest.raises(ShapeError, match="positive even number, got 33"):
+        INT4_SYM.num_groups(33)
+
+
+def test_layout() -> None:
+    assert CANONICAL_LAYOUT.packing is PackingFormat.UINT8_LOW_FIRST
+    assert CANONICAL_LAYOUT.w13_gate_up_halves
+
+
+def _cfg(**kw: object) -> MoEConfig:
+    base = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=64)
+    return attrs.evolve(base, **kw)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"top_k": 9}, "top_k must be <= num_experts=8, got 9"),
+        ({"num_experts": 0}, "num_experts"),
+        ({"activation": "relu"}, "activation must be one of .* got 'relu'"),
+        ({"scoring_func": "tanh"}, "scoring_func must be one of"),
+        ({"apply_router_weight_on_input": True}, "needs top_k=1, got top_k=2"),
+        ({"num_expert_group": 4}, "must be given together"),
+        ({"num_expert_group": 3, "topk_group": 1}, "must divide num_experts=8, got 3"),
+        ({"num_expert_group": 4, "topk_group": 5}, "topk_group must be <= num_expert_group=4"),
+        ({"num_expert_group": 4, "topk_group": 1, "top_k": 3}, "top_k=3 must be <="),
+        ({"routed_scaling_factor": 0.0}, "routed_scaling_factor must be a positive number"),
+    ],
+)
+def test_config_rejects(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _cfg(**kwargs)
+
+
+def test_config_is_hashable_and_grouping_flag() -> None:
+    assert hash(_cfg()) == hash(_cfg())
+    assert _cfg(num_expert_group=4, topk_group=2).uses_grouped_topk
+    assert not _cfg().uses_grouped_topk
