@@ -12,6 +12,8 @@ from backends.registry import lazy_factory, register_backend
 # Triton emulation, CPU int4, reference (STYLE.md "Backends: Protocol, registry").
 BUILTIN_BACKENDS: Final[tuple[tuple[str, str, str, int], ...]] = (
     ("reference", "backends.reference", "ReferenceBackend", 0),
+    ("triton-w4a16", "backends.triton", "TritonW4A16Backend", 30),
+    ("triton-emulation", "backends.triton", "TritonEmulationBackend", 20),
     ("xpu-fused", "backends.xpu_fused", "XPUFusedBackend", 40),
     ("cpu-int4", "backends.cpu_int4", "CPUInt4Backend", 10),
 )

@@ -1,0 +1,200 @@
+"""Triton backends for CUDA: fused W4A16 (int4 in registers) and bf16 emulation.
+
+May import core and backends; triton only inside functions (``_kernels`` is imported
+when a kernel first runs). Shape legend: ``T`` tokens, ``D`` hidden, ``F``
+intermediate, ``H`` = 2F, ``E`` experts, ``P`` packed reduction dim, ``G`` groups.
+"""
+
+import importlib.util
+import warnings
+from typing import final
+
+import attrs
+import torch
+
+from backends.base import DeviceInfo, PreparedExperts, Support, check_prepared
+from backends.triton._launch import ExpertMatrix, fused_moe, is_interpreting
+from core.config import MoEConfig
+from core.errors import DTypeError
+from core.layout import CANONICAL_LAYOUT, WeightLayout
+from core.quantize import dequantize_expert_weights
+from core.routing import Routing
+from core.scheme import Int4Scheme
+from core.weights import QuantizedExpertWeights
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _common_support(
+    layout: WeightLayout, device: DeviceInfo, dtype: torch.dtype
+) -> Support:
+    """Refusals shared by both Triton backends (device, dtype, layout, package)."""
+    if importlib.util.find_spec("triton") is None:
+        return Support.no("triton is not installed")
+    if device.type != "cuda" and not (device.type == "cpu" and is_interpreting()):
+        return Support.no(
+            f"device must be `cuda` (or `cpu` with TRITON_INTERPRET=1), got {device.type!r}"
+        )
+    if dtype not in _DTYPES:
+        return Support.no(
+            f"dtype must be `torch.bfloat16` or `torch.float16`, got {dtype}"
+        )
+    if layout != CANONICAL_LAYOUT:
+        return Support.no(f"layout must be the canonical layout, got {layout}")
+    return Support.yes()
+
+
+def _matrices(weights: QuantizedExpertWeights) -> tuple[ExpertMatrix, ExpertMatrix]:
+    scheme = weights.scheme
+    d, f = weights.hidden_size, weights.intermediate_size
+    w13 = ExpertMatrix(
+        data=weights.w13_qdata,
+        scale=weights.w13_scale,
+        zero_point=weights.w13_zero_point,
+        group_size=scheme.group_size_for(d),
+    )
+    w2 = ExpertMatrix(
+        data=weights.w2_qdata,
+        scale=weights.w2_scale,
+        zero_point=weights.w2_zero_point,
+        group_size=scheme.group_size_for(f),
+    )
+    return w13, w2
+
+
+@final
+@attrs.frozen(kw_only=True, eq=False)
+class TritonW4A16Prepared(PreparedExperts):
+    """The canonical int4 weights, used as they are (no repacking)."""
+
+    w13: ExpertMatrix
+    w2: ExpertMatrix
+
+
+@final
+class TritonW4A16Backend:
+    """Fused W4A16 MoE: packed int4 bytes are dequantized in registers before the dot.
+
+    Weights stay in the canonical layout (int4 memory); every scheme and group size,
+    bf16 and fp16 activations, every activation of ``core``.
+    """
+
+    @property
+    def name(self) -> str:
+        """``triton-w4a16``."""
+        return "triton-w4a16"
+
+    def supports(
+        self,
+        config: MoEConfig,
+        scheme: Int4Scheme,
+        layout: WeightLayout,
+        device: DeviceInfo,
+        *,
+        dtype: torch.dtype,
+    ) -> Support:
+        """CUDA (or the CPU interpreter), bf16/fp16, canonical layout."""
+        del config, scheme
+        return _common_support(layout, device, dtype)
+
+    def prepare(
+        self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
+    ) -> TritonW4A16Prepared:
+        """Views of the canonical weights as GEMM operands (nothing is copied)."""
+        w13, w2 = _matrices(weights)
+        return TritonW4A16Prepared(
+            weights=weights, config=config, dtype=dtype, w13=w13, w2=w2
+        )
+
+    def apply(
+        self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
+    ) -> torch.Tensor:
+        """``(T, D)`` output in the dtype of ``hidden_TD``; no host synchronization."""
+        ready = check_prepared(prepared, TritonW4A16Prepared, self.name)
+        return fused_moe(hidden_TD, ready.w13, ready.w2, routing, ready.config)
+
+
+@final
+@attrs.frozen(kw_only=True, eq=False)
+class TritonEmulationPrepared(PreparedExperts):
+    """Every expert dequantized once to the activation dtype.
+
+    Attributes:
+        w13_dense: ``(E, 2F, D)`` 16-bit weights.
+        w2_dense: ``(E, D, F)`` 16-bit weights.
+    """
+
+    w13_dense: torch.Tensor
+    w2_dense: torch.Tensor
+
+
+class EmulationMemoryWarning(UserWarning):
+    """``triton-emulation`` holds 16-bit expert weights (4x the int4 memory)."""
+
+
+_MEMORY_WARNING = (
+    "triton-emulation dequantizes the int4 experts to {dtype} once: the layer then "
+    "holds 16-bit weights (4x the int4 memory); use triton-w4a16 to keep int4 in memory"
+)
+
+
+@final
+class TritonEmulationBackend:
+    """Dequantize at load, then our own Triton fused MoE on 16-bit weights.
+
+    Memory is that of bf16 (or fp16) weights, about 4x the int4 form; ``prepare``
+    (a one-time step per weight load) warns about it with ``EmulationMemoryWarning``.
+    """
+
+    @property
+    def name(self) -> str:
+        """``triton-emulation``."""
+        return "triton-emulation"
+
+    def supports(
+        self,
+        config: MoEConfig,
+        scheme: Int4Scheme,
+        layout: WeightLayout,
+        device: DeviceInfo,
+        *,
+        dtype: torch.dtype,
+    ) -> Support:
+        """CUDA (or the CPU interpreter), bf16/fp16, canonical layout."""
+        del config, scheme
+        return _common_support(layout, device, dtype)
+
+    def prepare(
+        self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
+    ) -> TritonEmulationPrepared:
+        """Dequantize every expert to ``dtype`` (warns about the memory it takes)."""
+        warnings.warn(
+            _MEMORY_WARNING.format(dtype=dtype), EmulationMemoryWarning, stacklevel=2
+        )
+        w13, w2 = dequantize_expert_weights(weights, dtype=dtype)
+        return TritonEmulationPrepared(
+            weights=weights, config=config, dtype=dtype, w13_dense=w13, w2_dense=w2
+        )
+
+    def apply(
+        self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
+    ) -> torch.Tensor:
+        """``(T, D)`` output in the dtype of ``hidden_TD``; no host synchronization.
+
+        Raises:
+            DTypeError: if the prepared weights are packed int4 (uint8).
+        """
+        ready = check_prepared(prepared, TritonEmulationPrepared, self.name)
+        for name, w in (("w13", ready.w13_dense), ("w2", ready.w2_dense)):
+            if w.dtype not in _DTYPES:
+                raise DTypeError(
+                    f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
+                    f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
+                )
+        return fused_moe(
+            hidden_TD,
+            ExpertMatrix(data=ready.w13_dense),
+            ExpertMatrix(data=ready.w2_dense),
+            routing,
+            ready.config,
+        )

@@ -1,0 +1,330 @@
+"""Triton kernels of the fused MoE: token alignment, grouped GEMMs, top-k reduction.
+
+``@triton.jit`` functions only; the typed host wrappers live in ``_launch.py``.
+GEMM names apply in this file: ``M`` rows (routed pairs grouped by expert), ``N``
+output columns, ``K`` the reduction dimension (``K`` is D for w13 and F for w2);
+top-k is ``TOP_K``. A pair ``p`` is token ``p // TOP_K``'s ``p % TOP_K``-th choice.
+
+Blocked algorithm of ``_moe_gemm_kernel`` (grid: row blocks x column tiles x K splits)::
+
+    e = block_expert[b]; if e < 0: return            # unused block of the padded grid
+    pairs = sorted_pairs[b*BLOCK_M : (b+1)*BLOCK_M]   # first block_rows[b] are valid
+    for k in the K range of split s, step BLOCK_K:
+        a = A[pairs // A_DIV, k : k+BLOCK_K]
+        w = dequant(qdata[e, n, k/2], scale[e, n, k/G], zero[e, n, k/G])  # registers
+        acc += a @ w.T                                 # (and acc_up for the gated GEMM)
+    gated:   C[pairs, n] = act(acc) * acc_up           # w13 GEMM with the activation
+    else:    C[s, pairs, n] = acc                      # w2 GEMM, partial per K split
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _count_experts_kernel(ids_ptr, counts_ptr, num_pairs, BLOCK: tl.constexpr):
+    """``counts[e]`` = routed pairs whose id is ``e``; one program per expert."""
+    e = tl.program_id(0)
+    hits = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        hits += (ids == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(hits, axis=0))
+
+
+@triton.jit
+def _align_blocks_kernel(
+    # pointers
+    ids_ptr,
+    counts_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    block_rows_ptr,
+    # sizes
+    num_pairs,
+    num_experts,
+    max_blocks,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
+    E_PAD: tl.constexpr,
+):
+    """Place expert ``e``'s pairs in its ``BLOCK_M`` row blocks; one program per expert.
+
+    Writes ``sorted[first*BLOCK_M + rank] = pair`` (stable), ``block_expert`` and
+    ``block_rows`` (valid rows) of the expert's blocks; program 0 marks the unused
+    blocks after the last expert with ``-1``.
+    """
+    e = tl.program_id(0)
+    offs_e = tl.arange(0, E_PAD)
+    counts = tl.load(counts_ptr + offs_e, mask=offs_e < num_experts, other=0)
+    nblocks = (counts + BLOCK_M - 1) // BLOCK_M
+    ends = tl.cumsum(nblocks, axis=0)
+    my_count = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)
+    my_blocks = (my_count + BLOCK_M - 1) // BLOCK_M
+    first = tl.sum(tl.where(offs_e == e, ends, 0), axis=0) - my_blocks
+    running = tl.zeros([], dtype=tl.int32)
+    for start in range(0, num_pairs, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+        hit = (ids == e).to(tl.int32)
+        rank = running + tl.cumsum(hit, axis=0) - 1
+        tl.store(sorted_ptr + first * BLOCK_M + rank, offs, mask=hit == 1)
+        running += tl.sum(hit, axis=0)
+    for j in range(0, my_blocks, BLOCK):
+        jb = j + tl.arange(0, BLOCK)
+        keep = jb < my_blocks
+        rows = tl.minimum(my_count - jb * BLOCK_M, BLOCK_M)
+        tl.store(block_expert_ptr + first + jb, tl.zeros_like(jb) + e, mask=keep)
+        tl.store(block_rows_ptr + first + jb, rows, mask=keep)
+    if e == 0:
+        for start in range(tl.sum(nblocks, axis=0), max_blocks, BLOCK):
+            jb = start + tl.arange(0, BLOCK)
+            keep = jb < max_blocks
+            tl.store(block_expert_ptr + jb, tl.zeros_like(jb) - 1, mask=keep)
+            tl.store(block_rows_ptr + jb, tl.zeros_like(jb), mask=keep)
+
+
+@triton.jit
+def _load_weight_tile(
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    offs_n,
+    n_mask,
+    k0,
+    K,
+    stride_bn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    INT4: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CT: tl.constexpr,
+):
+    """A ``(BLOCK_N, BLOCK_K)`` weight tile in dtype ``CT`` (dequantized if ``INT4``).
+
+    ``b_ptr``, ``scale_ptr`` and ``zero_ptr`` already point at the expert. Int4 bytes
+    hold element ``2j`` in the low nibble and ``2j+1`` in the high nibble.
+    """
+    rows = offs_n.to(tl.int64)[:, None]
+    if INT4:
+        offs_p = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        mask = n_mask[:, None] & (offs_p[None, :] < K // 2)
+        packed = tl.load(b_ptr + rows * stride_bn + offs_p[None, :], mask=mask, other=0)
+        lo = (packed & 0xF).to(tl.int32)
+        hi = (packed >> 4).to(tl.int32)
+        q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(CT)
+        if BLOCK_K <= GROUP:
+            g_ptr = rows * stride_sn + k0 // GROUP
+            s = tl.load(scale_ptr + g_ptr, mask=n_mask[:, None], other=0).to(CT)
+            if HAS_ZP:
+                z = tl.load(zero_ptr + g_ptr, mask=n_mask[:, None], other=0).to(CT)
+            else:
+                z = 8.0
+            w = (q - z) * s
+        else:
+            NG: tl.constexpr = BLOCK_K // GROUP
+            offs_g = k0 // GROUP + tl.arange(0, NG)
+            g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
+            g_ptr = rows * stride_sn + offs_g[None, :]
+            s = tl.load(scale_ptr + g_ptr, mask=g_mask, other=0).to(CT)
+            if HAS_ZP:
+                z = tl.load(zero_ptr + g_ptr, mask=g_mask, other=0).to(CT)
+            else:
+                z = 8.0
+            q3 = tl.reshape(q, (BLOCK_N, NG, GROUP))
+            w = tl.reshape((q3 - z[:, :, None]) * s[:, :, None], (BLOCK_N, BLOCK_K))
+    else:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = n_mask[:, None] & (offs_k[None, :] < K)
+        w = tl.load(b_ptr + rows * stride_bn + offs_k[None, :], mask=mask, other=0).to(
+            CT
+        )
+    return w
+
+
+@triton.jit
+def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
+    """``act(gate) * up`` in float32; ACT 0 silu, 1 gelu, 2 gelu_tanh, 3 swigluoai."""
+    if ACT == 0:
+        out = gate / (1.0 + tl.exp(-gate)) * up
+    elif ACT == 1:
+        out = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476)) * up
+    elif ACT == 2:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        tanh = 2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0
+        out = 0.5 * gate * (1.0 + tanh) * up
+    else:
+        g = tl.minimum(gate, limit)
+        u = tl.minimum(tl.maximum(up, -limit), limit)
+        out = (u + 1.0) * g / (1.0 + tl.exp(-alpha * g))
+    return out
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    # pointers
+    a_ptr,
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    c_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    block_rows_ptr,
+    topk_weights_ptr,
+    # sizes
+    N,
+    K,
+    k_per_split,
+    alpha,
+    limit,
+    # strides
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_se,
+    stride_sn,
+    stride_cs,
+    stride_cm,
+    # meta-parameters
+    A_DIV: tl.constexpr,
+    GROUP: tl.constexpr,
+    INT4: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    WEIGHT_ROWS: tl.constexpr,
+    CT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One (row block, column tile, K split) of a grouped GEMM; see the module doc.
+
+    ``GATED``: B rows ``n`` (gate) and ``n + N`` (up), output ``act(gate) * up``.
+    ``WEIGHT_ROWS``: scale the rows by the router weight of their pair (the GEMM is
+    linear, so this equals scaling the input). ``CT``: dtype of the dot operands, the
+    activation dtype on the GPU and float32 in the interpreter, whose bf16 arithmetic
+    is wrong (triton-lang/triton#11584).
+    """
+    pid_b = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    e = tl.load(block_expert_ptr + pid_b)
+    if e < 0:
+        return
+    n_rows = tl.load(block_rows_ptr + pid_b)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < n_rows
+    pairs = tl.load(sorted_ptr + pid_b * BLOCK_M + offs_m, mask=m_mask, other=0)
+    a_rows = (pairs // A_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    b_e = b_ptr + e.to(tl.int64) * stride_be
+    s_e = scale_ptr + e.to(tl.int64) * stride_se
+    z_e = zero_ptr + e.to(tl.int64) * stride_se
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0
+        )
+        a = a.to(CT)
+        w = _load_weight_tile(
+            b_e,
+            s_e,
+            z_e,
+            offs_n,
+            n_mask,
+            k0,
+            K,
+            stride_bn,
+            stride_sn,
+            GROUP,
+            INT4,
+            HAS_ZP,
+            BLOCK_N,
+            BLOCK_K,
+            CT,
+        )
+        acc = tl.dot(a, tl.trans(w), acc)
+        if GATED:
+            w_up = _load_weight_tile(
+                b_e,
+                s_e,
+                z_e,
+                offs_n + N,
+                n_mask,
+                k0,
+                K,
+                stride_bn,
+                stride_sn,
+                GROUP,
+                INT4,
+                HAS_ZP,
+                BLOCK_N,
+                BLOCK_K,
+                CT,
+            )
+            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+    if WEIGHT_ROWS:
+        rw = tl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
+        acc = acc * rw[:, None]
+        acc_up = acc_up * rw[:, None]
+    if GATED:
+        acc = _activate(acc, acc_up, alpha, limit, ACT)
+    c_ptrs = c_ptr + pid_s * stride_cs + pairs.to(tl.int64)[:, None] * stride_cm
+    tl.store(
+        c_ptrs + offs_n[None, :],
+        acc.to(c_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
+def _reduce_topk_kernel(
+    # pointers
+    part_ptr,
+    ids_ptr,
+    topk_weights_ptr,
+    out_ptr,
+    # sizes
+    D,
+    # strides
+    stride_ps,
+    stride_pm,
+    stride_om,
+    # meta-parameters
+    TOP_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``out[t] = sum over k, s of w[t, k] * part[s, t*TOP_K + k]``, skipping ids ``-1``."""
+    t = tl.program_id(0)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        pair = t * TOP_K + k
+        held = tl.load(ids_ptr + pair) >= 0
+        row = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            ptrs = part_ptr + s * stride_ps + pair.to(tl.int64) * stride_pm + offs_d
+            row += tl.load(ptrs, mask=d_mask & held, other=0.0).to(tl.float32)
+        if WEIGHTED:
+            row = row * tl.load(topk_weights_ptr + pair)
+        acc += row
+    tl.store(
+        out_ptr + t.to(tl.int64) * stride_om + offs_d,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )

@@ -1,0 +1,216 @@
+"""Triton backends on CPU through Triton's interpreter, tiny shapes, vs the oracle.
+
+``TRITON_INTERPRET=1`` is set here, before anything imports ``triton`` kernels (the
+kernels module is imported lazily on the first launch), and only where no CUDA device
+exists, so a GPU run of the suite keeps compiled kernels.
+"""
+
+import os
+
+import pytest
+import torch
+
+from backends.base import DeviceInfo
+from backends.reference import ReferenceBackend
+from backends.triton import (
+    EmulationMemoryWarning,
+    TritonEmulationBackend,
+    TritonEmulationPrepared,
+    TritonW4A16Backend,
+)
+from backends.triton._align import align_pairs_to_blocks
+from core.config import Activation, MoEConfig
+from core.errors import DTypeError
+from core.layout import CANONICAL_LAYOUT
+from core.quantize import quantize_expert_weights
+from core.reference import moe_forward_reference
+from core.routing import Routing, route_topk, sort_tokens_by_expert
+from core.scheme import Int4Mapping, Int4Scheme
+from core.weights import QuantizedExpertWeights
+from tests.tolerances import KERNEL_VS_ORACLE, REL_L2_VS_ORACLE, rel_l2
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="CUDA present: kernels are compiled for the GPU (tests/backends/test_triton_cuda.py)",
+)
+
+BackendName = str
+BACKENDS = ("triton-w4a16", "triton-emulation")
+SCHEMES = (
+    Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=32),
+    Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=32),
+    Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1),
+)
+E, D, F = 4, 96, 64  # D is not a multiple of the interpreter BLOCK_K (64): tails masked
+
+
+def _weights(
+    scheme: Int4Scheme, dtype: torch.dtype, generator: torch.Generator
+) -> QuantizedExpertWeights:
+    w13 = torch.randn(E, 2 * F, D, generator=generator) * 0.2
+    w2 = torch.randn(E, D, F, generator=generator) * 0.2
+    return quantize_expert_weights(w13, w2, scheme, scale_dtype=dtype)
+
+
+def _run(
+    name: BackendName,
+    weights: QuantizedExpertWeights,
+    hidden_TD: torch.Tensor,
+    routing: Routing,
+    config: MoEConfig,
+) -> torch.Tensor:
+    dtype = hidden_TD.dtype
+    if name == "triton-w4a16":
+        w4a16 = TritonW4A16Backend()
+        return w4a16.apply(
+            hidden_TD, w4a16.prepare(weights, config, dtype=dtype), routing
+        )
+    emulation = TritonEmulationBackend()
+    with pytest.warns(EmulationMemoryWarning, match="16-bit weights"):
+        prepared = emulation.prepare(weights, config, dtype=dtype)
+    return emulation.apply(hidden_TD, prepared, routing)
+
+
+def _check(
+    name: BackendName,
+    config: MoEConfig,
+    scheme: Int4Scheme,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    *,
+    tokens: int = 5,
+    drop: bool = False,
+) -> None:
+    weights = _weights(scheme, dtype, generator)
+    hidden_TD = torch.randn(tokens, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(tokens, E, generator=generator), config)
+    if drop and tokens:
+        ids = routing.topk_ids.clone()
+        ids[::2, 0] = -1
+        routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    actual = _run(name, weights, hidden_TD, routing, config)
+    assert actual.dtype == dtype
+    assert actual.shape == (tokens, D)
+    tol = KERNEL_VS_ORACLE[dtype]
+    torch.testing.assert_close(actual, expected, rtol=tol["rtol"], atol=tol["atol"])
+    if tokens:
+        assert rel_l2(expected, actual) < REL_L2_VS_ORACLE[dtype]
+
+
+def _config(activation: Activation = "silu", *, top_k: int = 2) -> MoEConfig:
+    return MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.name)
+@pytest.mark.parametrize("name", BACKENDS)
+def test_matches_oracle(
+    name: BackendName,
+    scheme: Int4Scheme,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+) -> None:
+    _check(name, _config(), scheme, dtype, generator)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "swigluoai"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_activations(
+    name: BackendName, activation: Activation, generator: torch.Generator
+) -> None:
+    _check(name, _config(activation), SCHEMES[0], torch.bfloat16, generator)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_ids_of_minus_one_contribute_zero(
+    name: BackendName, generator: torch.Generator
+) -> None:
+    _check(name, _config(), SCHEMES[1], torch.float16, generator, drop=True)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_router_weight_on_input(name: BackendName, generator: torch.Generator) -> None:
+    config = MoEConfig(
+        num_experts=E,
+        top_k=1,
+        hidden_size=D,
+        intermediate_size=F,
+        renormalize=False,
+        apply_router_weight_on_input=True,
+    )
+    _check(name, config, SCHEMES[0], torch.float16, generator)
+
+
+@pytest.mark.parametrize("tokens", [0, 1])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_zero_and_one_token(
+    name: BackendName, tokens: int, generator: torch.Generator
+) -> None:
+    _check(name, _config(), SCHEMES[2], torch.bfloat16, generator, tokens=tokens)
+
+
+def test_alignment_groups_pairs_stably_by_expert(generator: torch.Generator) -> None:
+    ids_TK = torch.randint(-1, E, (9, 3), generator=generator)
+    align = align_pairs_to_blocks(ids_TK, E, block_m=4)
+    order_N, counts_E = sort_tokens_by_expert(ids_TK, E)
+    experts, rows = align.block_expert.tolist(), align.block_rows.tolist()
+    got: list[int] = []
+    for b, (expert, n_rows) in enumerate(zip(experts, rows, strict=True)):
+        got += align.sorted_pairs[b * 4 : b * 4 + n_rows].tolist()
+        assert (expert == -1) == (n_rows == 0)
+    assert got == order_N[: int(counts_E.sum())].tolist()
+    expected_blocks = [
+        e for e, c in enumerate(counts_E.tolist()) for _ in range(-(-c // 4))
+    ]
+    assert [e for e in experts if e >= 0] == expected_blocks
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_supports_refusals(name: BackendName) -> None:
+    backend = (
+        TritonW4A16Backend() if name == "triton-w4a16" else TritonEmulationBackend()
+    )
+    config, scheme = _config(), SCHEMES[0]
+
+    def ask(device: DeviceInfo, dtype: torch.dtype) -> str:
+        return backend.supports(
+            config, scheme, CANONICAL_LAYOUT, device, dtype=dtype
+        ).reason
+
+    assert ask(DeviceInfo(type="cpu"), torch.bfloat16) == ""
+    assert "device must be `cuda`" in ask(DeviceInfo(type="xpu"), torch.bfloat16)
+    assert "dtype must be" in ask(DeviceInfo(type="cuda"), torch.float32)
+
+
+def test_emulation_refuses_packed_weights(generator: torch.Generator) -> None:
+    weights = _weights(SCHEMES[0], torch.bfloat16, generator)
+    prepared = TritonEmulationPrepared(
+        weights=weights,
+        config=_config(),
+        dtype=torch.bfloat16,
+        w13_dense=weights.w13_qdata,
+        w2_dense=weights.w2_qdata,
+    )
+    hidden_TD = torch.randn(2, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(2, E, generator=generator), _config())
+    with pytest.raises(DTypeError, match=r"got torch\.uint8"):
+        TritonEmulationBackend().apply(hidden_TD, prepared, routing)
+
+
+def test_apply_rejects_other_backends_prepared(generator: torch.Generator) -> None:
+    weights = _weights(SCHEMES[0], torch.bfloat16, generator)
+    prepared = ReferenceBackend().prepare(weights, _config(), dtype=torch.bfloat16)
+    hidden_TD = torch.randn(2, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(2, E, generator=generator), _config())
+    with pytest.raises(TypeError, match="triton-w4a16"):
+        TritonW4A16Backend().apply(hidden_TD, prepared, routing)
