@@ -1,0 +1,180 @@
+import pytest
+import torch
+
+from core.errors import ConfigError, ShapeError
+from core.formats import from_awq, from_gptq
+from tests.core.formats.packers import (
+    awq_dequantize,
+    awq_pack,
+    dequantize_projection,
+    gptq_dequantize,
+    gptq_pack,
+)
+from tests.tolerances import EXACT
+
+K, N, G = 64, 16, 32
+
+
+def _codes(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randint(0, 16, shape, generator=gen, dtype=torch.int64)
+
+
+def _scales(gen: torch.Generator, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    return (torch.rand(K // G, N, generator=gen) * 0.1 + 0.01).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gptq_v1_asymmetric_is_exact(
+    generator: torch.Generator, dtype: torch.dtype
+) -> None:
+    codes, zeros = (
+        _codes(generator, K, N),
+        torch.randint(1, 16, (K // G, N), generator=generator),
+    )
+    qweight, qzeros = gptq_pack(codes, zeros)
+    scales = _scales(generator, dtype)
+    g_idx = torch.arange(K, dtype=torch.int32) // G
+    proj = from_gptq(qweight, scales, qzeros, g_idx, group_size=G)
+    expected_KN = gptq_dequantize(qweight, scales, qzeros, g_idx.tolist())
+    torch.testing.assert_close(
+        dequantize_projection(proj, dtype).T, expected_KN, **EXACT
+    )
+    assert proj.zero_point is not None
+    assert torch.equal(proj.zero_point.T.long(), zeros)
+
+
+def test_gptq_v2_stores_zero_points_directly(generator: torch.Generator) -> None:
+    codes, zeros = _codes(generator, K, N), _codes(generator, K // G, N)
+    qweight, qzeros = gptq_pack(codes, zeros, v1=False)
+    scales = _scales(generator)
+    proj = from_gptq(qweight, scales, qzeros, checkpoint_format="gptq_v2")
+    g_idx = (torch.arange(K) // G).tolist()
+    expected_KN = gptq_dequantize(qweight, scales, qzeros, g_idx, v1=False)
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+
+
+def test_gptq_symmetric_is_zero_point_eight(generator: torch.Generator) -> None:
+    codes = _codes(generator, K, N)
+    qweight, qzeros = gptq_pack(codes, torch.full((K // G, N), 8))
+    scales = _scales(generator)
+    proj = from_gptq(qweight, scales, qzeros, symmetric=True)
+    assert proj.zero_point is None
+    expected_KN = gptq_dequantize(
+        qweight, scales, qzeros, (torch.arange(K) // G).tolist()
+    )
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+    kept = from_gptq(qweight, scales, qzeros, symmetric=False)
+    assert kept.zero_point is not None
+    assert bool((kept.zero_point == 8).all())
+
+
+def test_gptq_symmetric_refuses_other_zero_points(generator: torch.Generator) -> None:
+    qweight, qzeros = gptq_pack(_codes(generator, K, N), torch.full((K // G, N), 7))
+    with pytest.raises(ConfigError, match="every zero point equal to 8"):
+        from_gptq(qweight, _scales(generator), qzeros, symmetric=True)
+
+
+def test_gptq_v1_zero_point_sixteen_is_refused(generator: torch.Generator) -> None:
+    qweight, qzeros = gptq_pack(
+        _codes(generator, K, N), torch.zeros(K // G, N, dtype=torch.int64)
+    )
+    with pytest.raises(ConfigError, match="zero point 16"):
+        from_gptq(qweight, _scales(generator), qzeros)
+
+
+def test_gptq_block_relabelled_g_idx_is_honoured(generator: torch.Generator) -> None:
+    codes, zeros = (
+        _codes(generator, K, N),
+        torch.randint(1, 16, (K // G, N), generator=generator),
+    )
+    qweight, qzeros = gptq_pack(codes, zeros)
+    scales = _scales(generator)
+    g_idx = [1] * G + [0] * G
+    proj = from_gptq(qweight, scales, qzeros, torch.tensor(g_idx, dtype=torch.int32))
+    expected_KN = gptq_dequantize(qweight, scales, qzeros, g_idx)
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+
+
+def test_gptq_act_order_g_idx_is_refused(generator: torch.Generator) -> None:
+    qweight, qzeros = gptq_pack(_codes(generator, K, N), torch.full((K // G, N), 8))
+    g_idx = torch.randperm(K, generator=generator) // G
+    with pytest.raises(ConfigError, match="act-order"):
+        from_gptq(qweight, _scales(generator), qzeros, g_idx)
+
+
+def test_gptq_group_size_that_does_not_divide_is_refused(
+    generator: torch.Generator,
+) -> None:
+    qweight, qzeros = gptq_pack(_codes(generator, K, N), torch.full((K // G, N), 8))
+    with pytest.raises(ShapeError, match="does not divide the input dim 64"):
+        from_gptq(qweight, _scales(generator), qzeros, group_size=48)
+    three_rows = torch.ones(3, N, dtype=torch.float16)
+    with pytest.raises(ShapeError, match="do not divide the input dim 64"):
+        from_gptq(qweight, three_rows, None)
+
+
+def test_gptq_declared_group_must_match_shapes(generator: torch.Generator) -> None:
+    qweight, qzeros = gptq_pack(_codes(generator, K, N), torch.full((K // G, N), 8))
+    with pytest.raises(ConfigError, match="imply group_size=32"):
+        from_gptq(qweight, _scales(generator), qzeros, group_size=16)
+
+
+def test_gptq_stacked_experts_match_per_expert(generator: torch.Generator) -> None:
+    packed = [
+        gptq_pack(
+            _codes(generator, K, N),
+            torch.randint(1, 16, (K // G, N), generator=generator),
+        )
+        for _ in range(3)
+    ]
+    scales = [_scales(generator) for _ in range(3)]
+    stacked = from_gptq(
+        torch.stack([p[0] for p in packed]),
+        torch.stack(scales),
+        torch.stack([p[1] for p in packed]),
+    )
+    for e in range(3):
+        one = from_gptq(packed[e][0], scales[e], packed[e][1])
+        assert torch.equal(stacked.qdata[e], one.qdata)
+        assert stacked.zero_point is not None
+        assert one.zero_point is not None
+        assert torch.equal(stacked.zero_point[e], one.zero_point)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_awq_is_exact(generator: torch.Generator, dtype: torch.dtype) -> None:
+    codes, zeros = _codes(generator, K, N), _codes(generator, K // G, N)
+    qweight, qzeros = awq_pack(codes, zeros)
+    scales = _scales(generator, dtype)
+    proj = from_awq(qweight, scales, qzeros, group_size=G)
+    expected_KN = awq_dequantize(qweight, scales, qzeros, G)
+    torch.testing.assert_close(
+        dequantize_projection(proj, dtype).T, expected_KN, **EXACT
+    )
+    assert proj.zero_point is not None
+    assert torch.equal(proj.zero_point.T.long(), zeros)
+
+
+def test_awq_interleave_is_not_identity(generator: torch.Generator) -> None:
+    codes = torch.arange(8).repeat(K, N // 8)
+    qweight, qzeros = awq_pack(codes, torch.zeros(K // G, N, dtype=torch.int64))
+    proj = from_awq(qweight, _scales(generator), qzeros)
+    assert int(qweight[0, 0]) == 0x75316420  # nibbles hold columns 0,2,4,6,1,3,5,7
+    assert torch.equal(
+        proj.qdata[:8, 0],
+        torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.uint8) * 17,
+    )
+
+
+def test_awq_group_size_that_does_not_divide_is_refused(
+    generator: torch.Generator,
+) -> None:
+    qweight, qzeros = awq_pack(_codes(generator, K, N), _codes(generator, K // G, N))
+    with pytest.raises(ShapeError, match="group_size=24 does not divide"):
+        from_awq(qweight, _scales(generator), qzeros, group_size=24)
