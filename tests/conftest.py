@@ -17,7 +17,9 @@ def _has_xpu() -> bool:
     return bool(xpu is not None and xpu.is_available())
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
     del config
     absent = {
         "cuda": None if _has_cuda() else "no CUDA device in this process",

@@ -27,7 +27,11 @@ def dequant_f64(
     codes = unpack_f64(qdata)
     group = codes.shape[-1] // scale.shape[-1]
     s = scale.double().repeat_interleave(group, dim=-1)
-    z = 8.0 if zero_point is None else zero_point.double().repeat_interleave(group, dim=-1)
+    z = (
+        8.0
+        if zero_point is None
+        else zero_point.double().repeat_interleave(group, dim=-1)
+    )
     return (codes - z) * s
 
 

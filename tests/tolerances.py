@@ -1,19 +1,27 @@
 """Every numeric tolerance and SQNR floor of the test suite, each with its reason."""
 
-from typing import Final
+from typing import Final, TypedDict
 
 import torch
 
-EXACT: Final = {"rtol": 0.0, "atol": 0.0}
+
+class Tolerance(TypedDict):
+    """Keyword arguments of ``torch.testing.assert_close``."""
+
+    rtol: float
+    atol: float
+
+
+EXACT: Final = Tolerance(rtol=0.0, atol=0.0)
 """Pack/unpack, determinism, idempotence: bit-exact by construction."""
 
 # Backend vs the float32 oracle on the same int4 weights. The oracle rounds only at
 # the end; a backend with bf16/fp16 activations rounds the input, the w13 output and
 # the activation before w2 (three roundings of relative size 2^-8 / 2^-11).
-KERNEL_VS_ORACLE: Final[dict[torch.dtype, dict[str, float]]] = {
-    torch.float32: {"rtol": 1e-4, "atol": 1e-5},  # summation order only
-    torch.float16: {"rtol": 1e-2, "atol": 2e-3},  # three fp16 roundings
-    torch.bfloat16: {"rtol": 4e-2, "atol": 1.6e-2},  # three bf16 roundings
+KERNEL_VS_ORACLE: Final[dict[torch.dtype, Tolerance]] = {
+    torch.float32: Tolerance(rtol=1e-4, atol=1e-5),  # summation order only
+    torch.float16: Tolerance(rtol=1e-2, atol=2e-3),  # three fp16 roundings
+    torch.bfloat16: Tolerance(rtol=4e-2, atol=1.6e-2),  # three bf16 roundings
 }
 
 REL_L2_VS_ORACLE: Final[dict[torch.dtype, float]] = {
@@ -52,3 +60,8 @@ def rel_l2(reference: torch.Tensor, actual: torch.Tensor) -> float:
     """``||actual - reference|| / ||reference||`` in float64."""
     ref = reference.double()
     return float((actual.double() - ref).norm() / ref.norm().clamp(min=1e-30))
+
+
+LAYER_SQNR_FLOOR_DB: Final = 14.0
+"""A whole int4 group-32 layer vs the float layer: measured 15.5 dB on 2026-12-02 (E=8,
+D=128, F=64, 64 tokens); two ~20 dB projections and the gated activation compound."""

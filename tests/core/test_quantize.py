@@ -95,9 +95,15 @@ def test_dequantize_expert_matches_all(generator: torch.Generator) -> None:
 
 def test_quantize_expert_weights_rejects_bad_shapes() -> None:
     with pytest.raises(ShapeError, match="must be 3-D"):
-        quantize_expert_weights(torch.zeros(64, 64), torch.zeros(1, 64, 32), INT4_SYM_G32)
-    with pytest.raises(ShapeError, match="weight last dim=48 must be divisible by group_size=32"):
-        quantize_expert_weights(torch.zeros(1, 8, 48), torch.zeros(1, 48, 32), INT4_SYM_G32)
+        quantize_expert_weights(
+            torch.zeros(64, 64), torch.zeros(1, 64, 32), INT4_SYM_G32
+        )
+    with pytest.raises(
+        ShapeError, match="weight last dim=48 must be divisible by group_size=32"
+    ):
+        quantize_expert_weights(
+            torch.zeros(1, 8, 48), torch.zeros(1, 48, 32), INT4_SYM_G32
+        )
     with pytest.raises(ShapeError, match="positive even number, got 33"):
         quantize_expert_weights(
             torch.zeros(1, 8, 33), torch.zeros(1, 33, 32), Int4Scheme(group_size=-1)

@@ -1,5 +1,7 @@
 """moe_forward_reference against the independent float64 dense MoE (tests/dense.py)."""
 
+from typing import Any
+
 import attrs
 import pytest
 import torch
@@ -37,7 +39,12 @@ def _check(
     gen: torch.Generator,
 ) -> None:
     weights = _weights(
-        config.num_experts, config.intermediate_size, config.hidden_size, scheme, gen, dtype
+        config.num_experts,
+        config.intermediate_size,
+        config.hidden_size,
+        scheme,
+        gen,
+        dtype,
     )
     x = torch.randn(tokens, config.hidden_size, generator=gen).to(dtype)
     routing = route_topk(torch.randn(tokens, config.num_experts, generator=gen), config)
@@ -66,19 +73,31 @@ SHAPES = [  # (E, top_k, D, F, tokens)
 @pytest.mark.parametrize(("e", "k", "d", "f", "t"), SHAPES)
 @pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
 def test_reference_matches_dense_float64(
-    e: int, k: int, d: int, f: int, t: int, scheme: Int4Scheme, generator: torch.Generator
+    e: int,
+    k: int,
+    d: int,
+    f: int,
+    t: int,
+    scheme: Int4Scheme,
+    generator: torch.Generator,
 ) -> None:
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
     _check(config, scheme, t, torch.float32, generator)
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swigluoai"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str
+)
 def test_reference_activations_and_dtypes(
     activation: Activation, dtype: torch.dtype, generator: torch.Generator
 ) -> None:
     config = MoEConfig(
-        num_experts=8, top_k=2, hidden_size=128, intermediate_size=128, activation=activation
+        num_experts=8,
+        top_k=2,
+        hidden_size=128,
+        intermediate_size=128,
+        activation=activation,
     )
     _check(config, INT4_SYM_G128, 7, dtype, generator)
 
@@ -93,7 +112,9 @@ ROUTING_OPTIONS = [
 
 
 @pytest.mark.parametrize("options", ROUTING_OPTIONS, ids=lambda o: "-".join(o))
-def test_reference_routing_options(options: dict[str, object], generator: torch.Generator) -> None:
+def test_reference_routing_options(
+    options: dict[str, Any], generator: torch.Generator
+) -> None:
     base = MoEConfig(num_experts=16, top_k=4, hidden_size=64, intermediate_size=64)
     config = attrs.evolve(base, **options)
     _check(config, INT4_ASYM_G32, 7, torch.float32, generator)
@@ -105,7 +126,9 @@ def test_reference_ids_of_minus_one_contribute_zero(generator: torch.Generator) 
     x = torch.randn(5, 64, generator=generator)
     ids = torch.tensor([[0, -1], [-1, -1], [3, 2], [1, -1], [2, 0]])
     tw = torch.rand(5, 2, generator=generator)
-    out = moe_forward_reference(x, weights, Routing(topk_weights=tw, topk_ids=ids), config)
+    out = moe_forward_reference(
+        x, weights, Routing(topk_weights=tw, topk_ids=ids), config
+    )
     w13, w2 = _dense(weights)
     expected = dense_moe_f64(x, w13, w2, tw, ids, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32] * 10

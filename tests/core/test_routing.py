@@ -1,5 +1,7 @@
 """Routing against a per-token float64 re-statement of FORMATS.md section 5."""
 
+from typing import Any
+
 import attrs
 import pytest
 import torch
@@ -20,14 +22,20 @@ def _route_one_token(
 ) -> tuple[list[int], list[float]]:
     """Plain-Python routing of one token (float64)."""
     x = torch.tensor(logits, dtype=torch.float64)
-    scores = torch.softmax(x, 0) if config.scoring_func == "softmax" else torch.sigmoid(x)
+    scores = (
+        torch.softmax(x, 0) if config.scoring_func == "softmax" else torch.sigmoid(x)
+    )
     choice = scores.clone() if bias is None else scores + torch.tensor(bias).double()
     allowed = list(range(config.num_experts))
     if config.num_expert_group is not None and config.topk_group is not None:
         size = config.num_experts // config.num_expert_group
-        groups = [choice[g * size : (g + 1) * size] for g in range(config.num_expert_group)]
+        groups = [
+            choice[g * size : (g + 1) * size] for g in range(config.num_expert_group)
+        ]
         rank = [
-            float(g.max()) if bias is None else float(g.sort(descending=True).values[:2].sum())
+            float(g.max())
+            if bias is None
+            else float(g.sort(descending=True).values[:2].sum())
             for g in groups
         ]
         keep = sorted(range(len(rank)), key=lambda i: -rank[i])[: config.topk_group]
@@ -50,13 +58,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("options", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize(
+    "options",
+    CASES,
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()) or "default",
+)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_route_topk_matches_per_token_rule(
-    options: dict[str, object], with_bias: bool, generator: torch.Generator
+    options: dict[str, Any], with_bias: bool, generator: torch.Generator
 ) -> None:
     config = attrs.evolve(
-        MoEConfig(num_experts=32, top_k=4, hidden_size=64, intermediate_size=64), **options
+        MoEConfig(num_experts=32, top_k=4, hidden_size=64, intermediate_size=64),
+        **options,
     )
     logits = torch.randn(50, 32, generator=generator)
     bias = torch.randn(32, generator=generator) * 0.1 if with_bias else None
@@ -92,7 +105,9 @@ def test_localize_routing() -> None:
 
 def test_count_and_sort_tokens_by_expert() -> None:
     ids = torch.tensor([[2, 0], [-1, 2], [1, 2]])
-    torch.testing.assert_close(count_tokens_per_expert(ids, 4), torch.tensor([1, 1, 3, 0]), **EXACT)
+    torch.testing.assert_close(
+        count_tokens_per_expert(ids, 4), torch.tensor([1, 1, 3, 0]), **EXACT
+    )
     order, counts = sort_tokens_by_expert(ids, 4)
     assert counts.tolist() == [1, 1, 3, 0]
     assert ids.flatten()[order].tolist() == [0, 1, 2, 2, 2, -1]

@@ -1,5 +1,7 @@
 """Int4Scheme, MoEConfig and WeightLayout: validation, names, hashing."""
 
+from typing import Any
+
 import attrs
 import pytest
 
@@ -18,7 +20,7 @@ from core.scheme import (
 
 
 def test_named_schemes() -> None:
-    assert INT4_SYM_G32 == Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=32)
+    assert Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=32) == INT4_SYM_G32
     assert INT4_ASYM_G32.has_zero_point
     assert not INT4_SYM_G128.has_zero_point
     assert INT4_ASYM_G128.name == "int4_asym_g128"
@@ -43,7 +45,9 @@ def test_scheme_is_frozen() -> None:
 def test_num_groups() -> None:
     assert INT4_SYM_G32.num_groups(128) == 4
     assert INT4_SYM.num_groups(96) == 1
-    with pytest.raises(ShapeError, match="hidden_size=96 must be divisible by group_size=128"):
+    with pytest.raises(
+        ShapeError, match="hidden_size=96 must be divisible by group_size=128"
+    ):
         INT4_SYM_G128.num_groups(96, name="hidden_size")
     with pytest.raises(ShapeError, match="positive even number, got 33"):
         INT4_SYM.num_groups(33)
@@ -54,7 +58,7 @@ def test_layout() -> None:
     assert CANONICAL_LAYOUT.w13_gate_up_halves
 
 
-def _cfg(**kw: object) -> MoEConfig:
+def _cfg(**kw: Any) -> MoEConfig:
     base = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=64)
     return attrs.evolve(base, **kw)
 
@@ -69,12 +73,18 @@ def _cfg(**kw: object) -> MoEConfig:
         ({"apply_router_weight_on_input": True}, "needs top_k=1, got top_k=2"),
         ({"num_expert_group": 4}, "must be given together"),
         ({"num_expert_group": 3, "topk_group": 1}, "must divide num_experts=8, got 3"),
-        ({"num_expert_group": 4, "topk_group": 5}, "topk_group must be <= num_expert_group=4"),
+        (
+            {"num_expert_group": 4, "topk_group": 5},
+            "topk_group must be <= num_expert_group=4",
+        ),
         ({"num_expert_group": 4, "topk_group": 1, "top_k": 3}, "top_k=3 must be <="),
-        ({"routed_scaling_factor": 0.0}, "routed_scaling_factor must be a positive number"),
+        (
+            {"routed_scaling_factor": 0.0},
+            "routed_scaling_factor must be a positive number",
+        ),
     ],
 )
-def test_config_rejects(kwargs: dict[str, object], message: str) -> None:
+def test_config_rejects(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _cfg(**kwargs)
 

@@ -1,0 +1,409 @@
+"""Int4MoE: construction, forward paths, state_dict, moves, backend choice, errors."""
+
+import io
+from typing import Any
+
+import pytest
+import torch
+
+from core.config import MoEConfig
+from core.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    DeviceError,
+    DTypeError,
+    ShapeError,
+)
+from core.quantize import dequantize_expert_weights, quantize_expert_weights
+from core.reference import moe_forward_reference
+from core.routing import Routing, route_topk
+from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, INT4_SYM_G128, Int4Scheme
+from modules import Int4MoE
+from tests.dense import dense_moe_f64
+from tests.tolerances import EXACT, LAYER_SQNR_FLOOR_DB, rel_l2, sqnr_db
+
+CFG = MoEConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=64)
+
+
+def _float_weights(
+    gen: torch.Generator, cfg: MoEConfig = CFG
+) -> tuple[torch.Tensor, torch.Tensor]:
+    e, f, d = cfg.num_experts, cfg.intermediate_size, cfg.hidden_size
+    return torch.randn(e, 2 * f, d, generator=gen) * 0.05, torch.randn(
+        e, d, f, generator=gen
+    ) * 0.05
+
+
+def _module(
+    gen: torch.Generator, scheme: Int4Scheme = INT4_SYM_G32, **kw: Any
+) -> Int4MoE:
+    w13, w2 = _float_weights(gen)
+    return Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=CFG, scheme=scheme, **kw
+    )
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str
+)
+def test_forward_matches_float64_on_dequantized_weights(
+    scheme: Int4Scheme, dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    moe = _module(generator, scheme, backend="reference")
+    x = torch.randn(3, 5, 128, generator=generator).to(dtype)
+    logits = torch.randn(3, 5, 8, generator=generator)
+    y = moe(x, router_logits=logits)
+    assert y.shape == x.shape
+    assert y.dtype == dtype
+    routing = route_topk(logits.reshape(15, 8), CFG)
+    w13, w2 = dequantize_expert_weights(moe.weights, dtype=torch.float64)
+    expected = dense_moe_f64(
+        x.reshape(15, 128), w13, w2, routing.topk_weights, routing.topk_ids, CFG
+    )
+    assert (
+        rel_l2(expected, y.reshape(15, 128))
+        < {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    )
+
+
+def test_quantized_vs_float_layer_error(generator: torch.Generator) -> None:
+    w13, w2 = _float_weights(generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=CFG, dtype=torch.float32
+    )
+    x = torch.randn(64, 128, generator=generator)
+    logits = torch.randn(64, 8, generator=generator)
+    routing = route_topk(logits, CFG)
+    exact = dense_moe_f64(x, w13, w2, routing.topk_weights, routing.topk_ids, CFG)
+    assert sqnr_db(exact, moe(x, router_logits=logits)) > LAYER_SQNR_FLOOR_DB
+
+
+def test_topk_inputs_equal_logits_path(generator: torch.Generator) -> None:
+    moe = _module(generator)
+    x = torch.randn(7, 128, generator=generator, dtype=torch.float32)
+    logits = torch.randn(7, 8, generator=generator)
+    routing = route_topk(logits, CFG)
+    a = moe(x, router_logits=logits)
+    b = moe(
+        x, topk_weights=routing.topk_weights, topk_ids=routing.topk_ids.to(torch.int32)
+    )
+    torch.testing.assert_close(a, b, **EXACT)
+
+
+def test_gate_and_correction_bias(generator: torch.Generator) -> None:
+    cfg = MoEConfig(
+        num_experts=8,
+        top_k=2,
+        hidden_size=128,
+        intermediate_size=64,
+        scoring_func="sigmoid",
+        num_expert_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.0,
+    )
+    w13, w2 = _float_weights(generator, cfg)
+    gate = torch.randn(8, 128, generator=generator)
+    bias = torch.randn(8, generator=generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13,
+        w2_weight=w2,
+        config=cfg,
+        gate_weight=gate,
+        e_score_correction_bias=bias,
+        dtype=torch.float32,
+    )
+    x = torch.randn(9, 128, generator=generator)
+    routing = route_topk(x @ gate.T, cfg, correction_bias=bias)
+    expected = moe_forward_reference(x, moe.weights, routing, cfg)
+    torch.testing.assert_close(moe(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_expert_parallel_shards_sum_to_full_layer(generator: torch.Generator) -> None:
+    w13, w2 = _float_weights(generator)
+    full = quantize_expert_weights(w13, w2, INT4_SYM_G32, scale_dtype=torch.float32)
+    x = torch.randn(11, 128, generator=generator)
+    logits = torch.randn(11, 8, generator=generator)
+    total = torch.zeros(11, 128)
+    for shard in (range(0, 3), range(3, 8)):
+        emap = torch.full((8,), -1, dtype=torch.int32)
+        emap[list(shard)] = torch.arange(len(shard), dtype=torch.int32)
+        local = quantize_expert_weights(
+            w13[list(shard)], w2[list(shard)], INT4_SYM_G32, scale_dtype=torch.float32
+        )
+        moe = Int4MoE.from_quantized(local, config=CFG, expert_map=emap)
+        total += moe(x, router_logits=logits)
+    whole = Int4MoE.from_quantized(full, config=CFG)(x, router_logits=logits)
+    torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_round_trip_bit_exact(generator: torch.Generator) -> None:
+    moe = _module(
+        generator, INT4_ASYM_G32, gate_weight=torch.randn(8, 128, generator=generator)
+    )
+    x = torch.randn(6, 128, generator=generator, dtype=torch.bfloat16)
+    before = moe(x)
+    buffer = io.BytesIO()
+    torch.save(moe.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert set(state) == {
+        "gate_weight",
+        "w13_qdata",
+        "w13_scale",
+        "w13_zero_point",
+        "w2_qdata",
+        "w2_scale",
+        "w2_zero_point",
+    }
+    fresh = Int4MoE(CFG, scheme=INT4_ASYM_G32, with_gate=True)
+    fresh.load_state_dict(state)
+    for name, tensor in moe.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], tensor, **EXACT)
+    torch.testing.assert_close(fresh(x), before, **EXACT)
+
+
+def test_load_state_dict_rebuilds_prepared(generator: torch.Generator) -> None:
+    a, b = _module(generator), _module(generator)
+    x = torch.randn(4, 128, generator=generator)
+    logits = torch.randn(4, 8, generator=generator)
+    a(x, router_logits=logits)
+    a.load_state_dict(b.state_dict())
+    torch.testing.assert_close(
+        a(x, router_logits=logits), b(x, router_logits=logits), **EXACT
+    )
+
+
+def test_holds_only_int4_bytes_and_scales(generator: torch.Generator) -> None:
+    moe = _module(generator)
+    moe(torch.randn(3, 128, generator=generator), router_logits=torch.randn(3, 8))
+    state = moe.state_dict()
+    assert state["w13_qdata"].dtype == torch.uint8
+    float_bytes = sum(
+        t.numel() * t.element_size() for t in state.values() if t.is_floating_point()
+    )
+    int4_bytes = moe.weights.nbytes()
+    e, f, d = 8, 64, 128
+    assert int4_bytes == e * 3 * f * d // 2 + float_bytes
+    assert float_bytes == e * 3 * f * d // 32 * 2  # one bf16 scale per group of 32
+
+
+def test_to_dtype_converts_scales_and_rebuilds(generator: torch.Generator) -> None:
+    moe = _module(generator, backend="reference")
+    x = torch.randn(5, 128, generator=generator, dtype=torch.float16)
+    logits = torch.randn(5, 8, generator=generator)
+    moe(x, router_logits=logits)
+    moe.to(torch.float16)
+    assert moe.w13_scale.dtype == torch.float16
+    assert moe.w13_qdata.dtype == torch.uint8
+    expected = moe_forward_reference(x, moe.weights, route_topk(logits, CFG), CFG)
+    torch.testing.assert_close(moe(x, router_logits=logits), expected, **EXACT)
+
+
+def test_zero_tokens(generator: torch.Generator) -> None:
+    moe = _module(generator)
+    y = moe(torch.zeros(0, 128), router_logits=torch.zeros(0, 8))
+    assert y.shape == (0, 128)
+    y = moe(
+        torch.zeros(2, 0, 128, dtype=torch.bfloat16), router_logits=torch.zeros(2, 0, 8)
+    )
+    assert y.shape == (2, 0, 128)
+
+
+def test_extra_repr(generator: torch.Generator) -> None:
+    moe = _module(generator, Int4Scheme(group_size=64))
+    text = repr(moe)
+    assert "scheme=int4_sym_g64" in text
+    assert "group_size=64" in text
+    assert "backend=auto" in text
+    moe(torch.randn(1, 128), router_logits=torch.randn(1, 8))
+    assert f"auto -> {moe.backend_name}" in repr(moe)
+
+
+def test_explicit_reference_backend(generator: torch.Generator) -> None:
+    moe = _module(generator, backend="reference")
+    moe(torch.randn(2, 128), router_logits=torch.randn(2, 8))
+    assert moe.backend_name == "reference"
+
+
+def test_from_quantized_does_not_copy(generator: torch.Generator) -> None:
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13, w2, INT4_SYM_G32)
+    moe = Int4MoE.from_quantized(q, config=CFG)
+    assert moe.w13_qdata is q.w13_qdata
+    assert moe.w2_scale is q.w2_scale
+
+
+# ---------------------------------------------------------------- bad input
+def test_unknown_backend_lists_known_ones() -> None:
+    with pytest.raises(BackendUnavailableError, match=r"got 'nope'.*reference: ok"):
+        Int4MoE(CFG, backend="nope")
+
+
+@pytest.mark.parametrize(
+    ("w13_shape", "w2_shape", "message"),
+    [
+        ((8, 128, 127), (8, 128, 64), r"w13_weight must have shape \(8, 128, 128\)"),
+        ((8, 128, 128), (8, 64, 128), r"w2_weight must have shape \(8, 128, 64\)"),
+        ((128, 128), (8, 128, 64), r"w13_weight must have shape"),
+    ],
+)
+def test_from_float_rejects_shapes(
+    w13_shape: tuple[int, ...], w2_shape: tuple[int, ...], message: str
+) -> None:
+    with pytest.raises(ShapeError, match=message):
+        Int4MoE.from_float(
+            w13_weight=torch.zeros(w13_shape),
+            w2_weight=torch.zeros(w2_shape),
+            config=CFG,
+        )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_from_float_rejects_non_finite(bad: float, generator: torch.Generator) -> None:
+    w13, w2 = _float_weights(generator)
+    w2[3, 5, 7] = bad
+    with pytest.raises(
+        ShapeError,
+        match=r"w2_weight must be finite, got 1 NaN/inf values \(first at \(3, 5, 7\)\)",
+    ):
+        Int4MoE.from_float(w13_weight=w13, w2_weight=w2, config=CFG)
+
+
+def test_group_size_must_divide() -> None:
+    cfg = MoEConfig(num_experts=2, top_k=1, hidden_size=96, intermediate_size=64)
+    with pytest.raises(
+        ShapeError, match="hidden_size=96 must be divisible by group_size=128"
+    ):
+        Int4MoE(cfg, scheme=INT4_SYM_G128)
+    odd = MoEConfig(num_experts=2, top_k=1, hidden_size=64, intermediate_size=33)
+    with pytest.raises(
+        ShapeError, match="intermediate_size must be a positive even number, got 33"
+    ):
+        Int4MoE(odd, scheme=Int4Scheme(group_size=-1))
+
+
+def test_forward_rejects_bad_inputs(generator: torch.Generator) -> None:
+    moe = _module(generator)
+    x = torch.randn(4, 128, generator=generator)
+    with pytest.raises(
+        ShapeError,
+        match=r"hidden_states must have last dim hidden_size=128, got shape \(4, 127\)",
+    ):
+        moe(torch.randn(4, 127), router_logits=torch.randn(4, 8))
+    with pytest.raises(
+        DTypeError,
+        match=r"hidden_states must be float32, float16 or bfloat16, got dtype torch\.float64",
+    ):
+        moe(x.double(), router_logits=torch.randn(4, 8))
+    with pytest.raises(
+        ShapeError,
+        match=r"router_logits must have shape \(..., num_experts=8\) with 4 tokens, got \(4, 7\)",
+    ):
+        moe(x, router_logits=torch.randn(4, 7))
+    with pytest.raises(ConfigError, match="this module has no gate"):
+        moe(x)
+    with pytest.raises(ConfigError, match="got both"):
+        moe(
+            x,
+            router_logits=torch.randn(4, 8),
+            topk_weights=torch.ones(4, 2),
+            topk_ids=torch.zeros(4, 2, dtype=torch.int64),
+        )
+    with pytest.raises(ConfigError, match="given together"):
+        moe(x, topk_ids=torch.zeros(4, 2, dtype=torch.int64))
+
+
+def test_forward_rejects_bad_topk(generator: torch.Generator) -> None:
+    moe = _module(generator)
+    x = torch.randn(4, 128, generator=generator)
+    ids = torch.tensor([[0, 1], [2, 8], [0, 1], [0, 1]])
+    with pytest.raises(
+        ShapeError,
+        match=r"topk_ids must be in \[0, num_experts=8\), got values in \[0, 8\]",
+    ):
+        moe(x, topk_weights=torch.ones(4, 2), topk_ids=ids)
+    with pytest.raises(
+        ShapeError, match=r"topk_ids must have shape \(4, 2\), got \(4, 3\)"
+    ):
+        moe(
+            x,
+            topk_weights=torch.ones(4, 3),
+            topk_ids=torch.zeros(4, 3, dtype=torch.int64),
+        )
+    with pytest.raises(
+        DTypeError, match=r"topk_ids must be int32 or int64, got dtype torch\.float32"
+    ):
+        moe(x, topk_weights=torch.ones(4, 2), topk_ids=torch.zeros(4, 2))
+
+
+def test_device_mismatch_is_reported(generator: torch.Generator) -> None:
+    moe = _module(generator)
+    with pytest.raises(
+        DeviceError, match="hidden_states must be on the module's device cpu, got meta"
+    ):
+        moe(torch.empty(4, 128, device="meta"), router_logits=torch.randn(4, 8))
+    with pytest.raises(
+        DeviceError, match="router_logits must be on the device of hidden_states"
+    ):
+        moe(torch.randn(4, 128), router_logits=torch.empty(4, 8, device="meta"))
+
+
+def test_from_quantized_checks_tensors(generator: torch.Generator) -> None:
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13, w2, INT4_ASYM_G32)
+    with pytest.raises(
+        ShapeError,
+        match=r"w13_qdata must have shape \(4, 128, 64\), got \(8, 128, 64\)",
+    ):
+        Int4MoE.from_quantized(
+            q,
+            config=MoEConfig(
+                num_experts=4, top_k=2, hidden_size=128, intermediate_size=64
+            ),
+        )
+    bad = quantize_expert_weights(w13, w2, INT4_ASYM_G32, scale_dtype=torch.float16)
+    mixed = type(q)(
+        **{
+            **{
+                k: getattr(q, k)
+                for k in (
+                    "w13_qdata",
+                    "w13_scale",
+                    "w13_zero_point",
+                    "w2_qdata",
+                    "w2_zero_point",
+                    "scheme",
+                )
+            },
+            "w2_scale": bad.w2_scale.to(torch.float32),
+        }
+    )
+    with pytest.raises(DTypeError, match="w2_scale must have the dtype of w13_scale"):
+        Int4MoE.from_quantized(mixed, config=CFG)
+    emap = torch.tensor([0, 1, 2, 3, 4, 5, 6, 9], dtype=torch.int32)
+    with pytest.raises(
+        ShapeError, match=r"expert_map values must be -1 or local ids in \[0, 8\)"
+    ):
+        Int4MoE.from_quantized(q, config=CFG, expert_map=emap)
+
+
+def test_apply_router_weight_on_input(generator: torch.Generator) -> None:
+    cfg = MoEConfig(
+        num_experts=4,
+        top_k=1,
+        hidden_size=128,
+        intermediate_size=64,
+        apply_router_weight_on_input=True,
+    )
+    w13, w2 = _float_weights(generator, cfg)
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=cfg, dtype=torch.float32
+    )
+    x = torch.randn(6, 128, generator=generator)
+    tw = torch.rand(6, 1, generator=generator)
+    ids = torch.randint(0, 4, (6, 1), generator=generator)
+    w13q, w2q = dequantize_expert_weights(moe.weights, dtype=torch.float64)
+    expected = dense_moe_f64(x, w13q, w2q, tw, ids, cfg)
+    assert rel_l2(expected, moe(x, topk_weights=tw, topk_ids=ids)) < 1e-5
+    assert isinstance(Routing(topk_weights=tw, topk_ids=ids), Routing)
