@@ -1,0 +1,160 @@
+"""Provider: ``vllm_xpu_kernels.fused_moe_interface.XpuFusedMoe`` (vllm-xpu-kernels 0.1.16.2).
+
+Contract read from vllm-project/vllm-xpu-kernels: ``vllm_xpu_kernels/fused_moe_interface.py``,
+``csrc/moe/{remap_hidden_states,moe_gather}.cpp`` and the ``swigluoai_and_mul`` kernel:
+
+* int4 is detected from ``w13.dtype == torch.uint8``; weights ``(E, N, K/2)`` in the
+  canonical layout, scales ``(E, N, K/G)`` in the activation dtype, symmetric only.
+* The constructor rewrites ``w13``/``w2`` in place (``tensor.data = ...``): each nibble
+  goes from offset binary (``q``) to two's complement (``q - 8``), i.e. ``byte ^ 0x88``.
+* ``apply(output, hidden_states, topk_weights, topk_ids)`` writes
+  ``sum_k topk_weights * expert_out`` into ``output``; no renormalization; it never
+  scales the input by the router weight. ``topk_weights`` must be float32.
+* ``swigluoai`` reads gate/up *interleaved* (``gate = h[..., ::2]``) with alpha 1.702 and
+  limit 7.0 hard-coded; ``silu``/``gelu``/``gelu_tanh`` read the halves ``[:F]``/``[F:]``.
+* ``moe_gather`` is compiled for top_k in {1, 2, 4, 6, 8, 10} only.
+
+Shape legend: ``T`` tokens, ``D`` hidden, ``H`` = 2F, ``E`` experts, ``K`` top_k,
+``P`` packed reduction dim, ``G`` groups. vllm_xpu_kernels is imported inside functions.
+"""
+
+from collections.abc import Callable
+from typing import Final, Protocol, final
+
+import torch
+
+from backends.xpu.providers import FusedExperts, ProviderWeights
+from core.config import MoEConfig
+
+SWIGLUOAI_ALPHA: Final = 1.702
+SWIGLUOAI_LIMIT: Final = 7.0
+SUPPORTED_TOP_K: Final = (1, 2, 4, 6, 8, 10)
+
+
+class XpuFusedMoeLike(Protocol):
+    """What the backend calls on a built ``XpuFusedMoe``."""
+
+    def apply(
+        self,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> object:
+        """Write the MoE output into ``output``."""
+        ...
+
+
+XpuFusedMoeFactory = Callable[..., XpuFusedMoeLike]
+"""``XpuFusedMoe`` itself, or a test double with the same keyword arguments."""
+
+
+def load_xpu_fused_moe() -> XpuFusedMoeFactory:
+    """Import ``XpuFusedMoe`` (lazily).
+
+    Raises:
+        ImportError: if the package, its SYCL libraries or its MoE ops are missing.
+    """
+    from vllm_xpu_kernels import fused_moe_interface
+
+    # Some releases import their compiled ops in a try block and record the failure
+    # here instead of raising; treat that as an import failure too.
+    if not getattr(fused_moe_interface, "FUSEDMOE_AVAILABLE", True):
+        reason = getattr(fused_moe_interface, "FUSEDMOE_UNAVAILABLE_REASON", "")
+        raise ImportError(f"vllm_xpu_kernels MoE ops are unavailable: {reason}")
+    return fused_moe_interface.XpuFusedMoe
+
+
+def interleave_gate_up(w_EH_: torch.Tensor) -> torch.Tensor:
+    """Rows ``[g0..g(F-1), u0..u(F-1)]`` to ``[g0, u0, g1, u1, ...]`` along dim 1."""
+    e, h = w_EH_.shape[0], w_EH_.shape[1]
+    halves = w_EH_.reshape(e, 2, h // 2, *w_EH_.shape[2:])
+    return halves.transpose(1, 2).reshape(w_EH_.shape).contiguous()
+
+
+@final
+class _VllmFusedExperts:
+    """A built ``XpuFusedMoe`` called with the backend's routing."""
+
+    def __init__(self, moe: XpuFusedMoeLike) -> None:
+        self._moe = moe
+
+    def __call__(
+        self,
+        hidden_TD: torch.Tensor,
+        topk_weights_TK: torch.Tensor,
+        topk_ids_TK: torch.Tensor,
+    ) -> torch.Tensor:
+        out_TD = torch.empty_like(hidden_TD)
+        self._moe.apply(
+            output=out_TD,
+            hidden_states=hidden_TD,
+            topk_weights=topk_weights_TK,
+            topk_ids=topk_ids_TK,
+        )
+        return out_TD
+
+
+@final
+class VllmXpuKernelsProvider:
+    """vllm-xpu-kernels' ``XpuFusedMoe`` (W4A16 symmetric, groups 32..256).
+
+    Args:
+        load: returns the ``XpuFusedMoe`` class; the seam through which tests inject a
+            fake written from the contract above.
+    """
+
+    def __init__(
+        self, *, load: Callable[[], XpuFusedMoeFactory] = load_xpu_fused_moe
+    ) -> None:
+        self._load = load
+
+    @property
+    def name(self) -> str:
+        """``vllm_xpu_kernels.XpuFusedMoe``."""
+        return "vllm_xpu_kernels.XpuFusedMoe"
+
+    def refusal(self, config: MoEConfig, *, dtype: torch.dtype) -> str | None:
+        """Top-k, swigluoai constants, then the import."""
+        del dtype
+        if config.top_k not in SUPPORTED_TOP_K:
+            return f"top_k must be one of {SUPPORTED_TOP_K}, got {config.top_k}"
+        fixed = (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)
+        if (
+            config.activation == "swigluoai"
+            and (
+                config.swiglu_alpha,
+                config.swiglu_limit,
+            )
+            != fixed
+        ):
+            return (
+                f"swigluoai needs (swiglu_alpha, swiglu_limit)={fixed} (hard-coded in the "
+                f"kernel), got ({config.swiglu_alpha}, {config.swiglu_limit})"
+            )
+        try:
+            self._load()
+        except (ImportError, OSError) as err:
+            return f"vllm_xpu_kernels is not importable: {err}"
+        return None
+
+    def build(self, weights: ProviderWeights, config: MoEConfig) -> FusedExperts:
+        """Construct ``XpuFusedMoe`` (it rewrites ``weights``' qdata in place)."""
+        w13_qdata, w13_scale = weights.w13_qdata, weights.w13_scale
+        if config.activation == "swigluoai":
+            # The kernel's swigluoai reads gate/up interleaved; ours are halves. The
+            # copies are private, so reorder rows here, once (scales move with them).
+            w13_qdata = interleave_gate_up(w13_qdata)
+            w13_scale = interleave_gate_up(w13_scale)
+        moe = self._load()(
+            w13=w13_qdata,
+            w13_scales=w13_scale,
+            w13_bias=None,
+            w2=weights.w2_qdata,
+            w2_scales=weights.w2_scale,
+            w2_bias=None,
+            n_experts_per_token=config.top_k,
+            activation=config.activation,
+            num_experts=weights.num_experts,
+        )
+        return _VllmFusedExperts(moe)

@@ -1,0 +1,200 @@
+"""XPUFusedBackend.supports: every refusal reason, delegation to triton-w4a16, registry."""
+
+import sys
+
+import pytest
+import torch
+
+from backends.base import DeviceInfo, Support
+from backends.reference import ReferenceBackend
+from backends.registry import (
+    available_backends,
+    create_backend,
+    register_backend,
+    unregister_backend,
+)
+from backends.xpu.ipex import IPEXGatedMLPMOEProvider
+from backends.xpu.vllm_kernels import VllmXpuKernelsProvider, load_xpu_fused_moe
+from backends.xpu_fused import XPUFusedBackend
+from core.errors import BackendUnavailableError
+from core.layout import CANONICAL_LAYOUT, WeightLayout
+from core.reference import moe_forward_reference
+from core.scheme import INT4_ASYM_G32, INT4_SYM, INT4_SYM_G32
+from tests.backends.fake_xpu_provider import (
+    FakeIPEX,
+    FakeXpuKernels,
+)
+from tests.backends.xpu_cases import (
+    XPU,
+    D,
+    T,
+    fake_backend,
+    make_config,
+    make_routing,
+    make_weights,
+)
+from tests.tolerances import EXACT
+
+# ------------------------------------------------------------------ delegation to triton-w4a16
+
+
+def _register_fake_triton(support: Support) -> None:
+    class FakeTriton:
+        name = "triton-w4a16"
+        prepare = ReferenceBackend.prepare
+        apply = ReferenceBackend.apply
+
+        def supports(self, *args: object, **kwargs: object) -> Support:
+            return support
+
+    register_backend("triton-w4a16", FakeTriton, priority=30)
+
+
+def test_delegates_to_triton_when_no_provider_imports(
+    generator: torch.Generator,
+) -> None:
+    _register_fake_triton(Support.yes())
+    backend = XPUFusedBackend(
+        providers=(VllmXpuKernelsProvider(load=FakeXpuKernels(error="x").load),)
+    )
+    assert backend.supports(
+        make_config(), INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+    ).ok
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    prepared = backend.prepare(weights, make_config(), dtype=torch.bfloat16)
+    assert prepared.provider == "triton-w4a16"
+    assert prepared.delegate is not None
+    hidden = torch.randn(T, D, generator=generator).to(torch.bfloat16)
+    routing = make_routing(generator)
+    torch.testing.assert_close(
+        backend.apply(hidden, prepared, routing),
+        moe_forward_reference(hidden, weights, routing, make_config()),
+        **EXACT,
+    )
+
+
+def test_no_provider_joins_every_reason() -> None:
+    _register_fake_triton(Support.no("Intel's Triton is missing"))
+    backend = XPUFusedBackend(
+        providers=(
+            VllmXpuKernelsProvider(
+                load=FakeXpuKernels(error="no Level Zero loader").load
+            ),
+            IPEXGatedMLPMOEProvider(load=FakeIPEX(error="needs torch 2.8").load),
+        ),
+    )
+    support = backend.supports(
+        make_config(), INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+    )
+    assert not support.ok
+    for part in (
+        "vllm_xpu_kernels.XpuFusedMoe: vllm_xpu_kernels is not importable: no Level Zero loader",
+        "intel_extension_for_pytorch.GatedMLPMOE: intel_extension_for_pytorch is not importable: needs torch 2.8",
+        "triton-w4a16: Intel's Triton is missing",
+    ):
+        assert part in support.reason
+
+
+def test_prepare_without_any_provider_raises(generator: torch.Generator) -> None:
+    unregister_backend("triton-w4a16")
+    backend = XPUFusedBackend(
+        providers=(VllmXpuKernelsProvider(load=FakeXpuKernels(error="x").load),)
+    )
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    with pytest.raises(BackendUnavailableError, match="triton-w4a16: not registered"):
+        backend.prepare(weights, make_config(), dtype=torch.bfloat16)
+
+
+def test_default_loader_turns_a_failed_import_into_a_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "vllm_xpu_kernels", None)
+    with pytest.raises(ImportError, match="vllm_xpu_kernels"):
+        load_xpu_fused_moe()
+    reason = VllmXpuKernelsProvider().refusal(make_config(), dtype=torch.bfloat16)
+    assert reason is not None
+    assert reason.startswith("vllm_xpu_kernels is not importable")
+
+
+# ------------------------------------------------------------------ every refusal reason
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("cpu", "device must be `xpu`, got `cpu`"),
+        ("asym", "scheme must be symmetric (no zero points), got int4_asym_g32"),
+        ("group-1", "group_size must be one of (32, 64, 128, 256), got -1"),
+        ("fp32", "dtype must be torch.bfloat16 or torch.float16, got torch.float32"),
+        ("layout", "layout must be the canonical layout"),
+        ("n_not_8", "hidden_size (a GEMM N) must be a multiple of 8, got 36"),
+        (
+            "group_not_dividing",
+            "intermediate_size=48 must be divisible by group_size=32",
+        ),
+        ("top_k", "top_k must be one of (1, 2, 4, 6, 8, 10), got 3"),
+        ("swiglu_limit", "swigluoai needs (swiglu_alpha, swiglu_limit)=(1.702, 7.0)"),
+    ],
+)
+def test_refusal_reasons(case: str, expected: str) -> None:
+    config, scheme, layout, device, dtype = (
+        make_config(),
+        INT4_SYM_G32,
+        CANONICAL_LAYOUT,
+        XPU,
+        torch.bfloat16,
+    )
+    if case == "cpu":
+        device = DeviceInfo(type="cpu")
+    elif case == "asym":
+        scheme = INT4_ASYM_G32
+    elif case == "group-1":
+        scheme = INT4_SYM
+    elif case == "fp32":
+        dtype = torch.float32
+    elif case == "layout":
+        layout = WeightLayout(w13_gate_up_halves=False)
+    elif case == "n_not_8":
+        config = make_config(hidden_size=36)
+    elif case == "group_not_dividing":
+        config = make_config(intermediate_size=48)
+    elif case == "top_k":
+        config = make_config(top_k=3)
+    else:
+        config = make_config(activation="swigluoai", swiglu_limit=10.0)
+    support = fake_backend(FakeXpuKernels()).supports(
+        config, scheme, layout, device, dtype=dtype
+    )
+    assert not support.ok
+    assert expected in support.reason
+
+
+def test_ipex_refuses_activations_it_lacks() -> None:
+    reason = IPEXGatedMLPMOEProvider(load=FakeIPEX().load).refusal(
+        make_config(activation="gelu"), dtype=torch.float16
+    )
+    assert reason == "activation must be `silu` for IPEX int4, got 'gelu'"
+
+
+def test_supported_with_a_provider() -> None:
+    support = fake_backend(FakeXpuKernels()).supports(
+        make_config(activation="swigluoai"),
+        INT4_SYM_G32,
+        CANONICAL_LAYOUT,
+        XPU,
+        dtype=torch.float16,
+    )
+    assert support == Support.yes()
+
+
+def test_apply_rejects_a_foreign_prepared(generator: torch.Generator) -> None:
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    foreign = ReferenceBackend().prepare(weights, make_config(), dtype=torch.bfloat16)
+    hidden = torch.zeros(T, D, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="prepared must come from backend 'xpu-fused'"):
+        fake_backend(FakeXpuKernels()).apply(hidden, foreign, make_routing(generator))
+
+
+def test_registered_as_xpu_fused() -> None:
+    assert "xpu-fused" in available_backends()
+    assert create_backend("xpu-fused").name == "xpu-fused"
