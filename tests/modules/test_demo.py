@@ -1,0 +1,54 @@
+"""The main job (``int4-moe demo``): it runs, and its numbers are right."""
+
+import io
+
+import pytest
+import torch
+
+from core.scheme import INT4_ASYM_G128, INT4_SYM
+from modules.__main__ import main
+from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo
+
+
+def test_demo_reports_error_memory_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--tokens", "5", "--iters", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for word in ("model      tiny", "error", "memory", "speed", "ms per call"):
+        assert word in out
+
+
+def test_demo_numbers(generator: torch.Generator) -> None:
+    del generator
+    options = DemoOptions(
+        model="tiny",
+        tokens=9,
+        scheme=parse_scheme("asym-g128"),
+        backend="reference",
+        device="cpu",
+        dtype=torch.float32,
+        iters=1,
+    )
+    result = run_demo(options, io.StringIO())
+    # fp32 activations on the reference backend: the kernel error is float32 rounding.
+    assert float(result["rel_err_vs_int4_oracle"]) < 1e-5
+    # group-128 int4 on the whole layer: ~14-16 dB, i.e. a relative error near 0.2.
+    assert 0.05 < float(result["rel_err_vs_float"]) < 0.3
+    cfg = MODELS["tiny"]
+    params = cfg.num_experts * 3 * cfg.hidden_size * cfg.intermediate_size
+    assert result["bf16_bytes"] == params * 2
+    # packed codes + one fp32 scale and one uint8 zero point per group of 128
+    assert result["int4_bytes"] == params // 2 + params // 128 * (4 + 1)
+    assert float(result["ms_per_call"]) > 0
+
+
+def test_parse_scheme() -> None:
+    assert parse_scheme("asym-g128") == INT4_ASYM_G128
+    assert parse_scheme("sym-g-1") == INT4_SYM
+    with pytest.raises(ValueError, match="scheme must look like"):
+        parse_scheme("int4")
+
+
+def test_every_model_shape_is_valid_for_group_32() -> None:
+    for config in MODELS.values():
+        assert config.hidden_size % 32 == 0
+        assert config.intermediate_size % 32 == 0
