@@ -22,4 +22,10 @@ from core.formats.experts import (
     stack_projections as stack_projections,
 )
 from core.formats.gptq import from_gptq as from_gptq
+from core.formats.options import (
+    CheckpointFormat as CheckpointFormat,
+    FormatOptions as FormatOptions,
+    import_projection as import_projection,
+    parse_quantization_config as parse_quantization_config,
+)
 from core.formats.projection import Int4Projection as Int4Projection

@@ -1,0 +1,345 @@
+"""Load one MoE layer's int4 experts from a checkpoint: safetensors files or a state dict.
+
+Reads lazily (only the tensors under the layer's prefix), detects GPTQ / AWQ /
+compressed-tensors from tensor names and ``quantization_config``, and reports missing
+or unexpected tensors by name. May import core, backends and modules; safetensors is
+imported only when files are read. Shape legend: ``E`` experts, ``D`` hidden,
+``F`` intermediate.
+"""
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TypeAlias
+
+import attrs
+import torch
+
+from core.config import MoEConfig
+from core.errors import ConfigError
+from core.formats import (
+    Int4Projection,
+    assemble_experts,
+    concat_rows,
+    stack_projections,
+)
+from core.formats.options import (
+    SUFFIXES,
+    CheckpointFormat,
+    FormatOptions,
+    import_projection,
+    parse_quantization_config,
+)
+from core.weights import QuantizedExpertWeights
+from modules.int4_moe import Int4MoE
+
+Source: TypeAlias = "str | os.PathLike[str] | Mapping[str, torch.Tensor]"
+NAMINGS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
+"""Per-expert projection names: HF (gate, up, down) and Mixtral (w1, w3, w2)."""
+_INDEX = "model.safetensors.index.json"
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class LoadedExperts:
+    """One MoE layer read from a checkpoint.
+
+    Attributes:
+        weights: the experts in the canonical layout.
+        gate_weight: float router ``(E, D)`` when ``<prefix>.gate.weight`` exists.
+        e_score_correction_bias: ``(E,)`` when the checkpoint has one (DeepSeek-V3).
+        format: the format that was read.
+    """
+
+    weights: QuantizedExpertWeights
+    gate_weight: torch.Tensor | None
+    e_score_correction_bias: torch.Tensor | None
+    format: str
+
+
+# ---------------------------------------------------------------------- sources
+@attrs.frozen(kw_only=True)
+class _Source:
+    """Tensor names and a reader; files are opened only to read what is asked."""
+
+    names: frozenset[str]
+    read: Callable[[Iterable[str]], dict[str, torch.Tensor]]
+
+
+def _open_source(source: Source, device: torch.device | str) -> _Source:
+    if isinstance(source, Mapping):
+        tensors = source
+        return _Source(
+            names=frozenset(tensors),
+            read=lambda names: {n: tensors[n].to(device) for n in names},
+        )
+    return _files_source(_shard_map(Path(source)), str(device))
+
+
+def _shard_map(path: Path) -> dict[str, Path]:
+    """Tensor name to the file holding it (headers only; no tensor is read)."""
+    from safetensors import safe_open
+
+    if path.is_file():
+        files = [path]
+    elif (path / _INDEX).is_file():
+        weight_map = json.loads((path / _INDEX).read_text())["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    elif path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+    else:
+        files = []
+    if not files:
+        raise ConfigError(
+            f"source must be a .safetensors file or a folder of them, got {path}"
+        )
+    out: dict[str, Path] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            out.update(dict.fromkeys(f.keys(), file))
+    return out
+
+
+def _files_source(shards: dict[str, Path], device: str) -> _Source:
+    from safetensors import safe_open
+
+    def read(names: Iterable[str]) -> dict[str, torch.Tensor]:
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(shards[name], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for file, wanted in by_file.items():
+            with safe_open(file, framework="pt", device=device) as f:
+                out.update({n: f.get_tensor(n) for n in wanted})
+        return out
+
+    return _Source(names=frozenset(shards), read=read)
+
+
+def read_quantization_config(source: Source) -> dict[str, object] | None:
+    """The ``quantization_config`` of ``config.json`` beside a checkpoint, if any."""
+    if isinstance(source, Mapping):
+        return None
+    path = Path(source)
+    config = (path if path.is_dir() else path.parent) / "config.json"
+    if not config.is_file():
+        return None
+    found = json.loads(config.read_text()).get("quantization_config")
+    return found if isinstance(found, dict) else None
+
+
+# ---------------------------------------------------------------------- layout
+_PER_EXPERT = re.compile(r"^(\d+)\.([^.]+)\.([^.]+)$")
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def _plan(rel_names: set[str], num_experts: int) -> dict[str, list[str]]:
+    """Role (`gate`, `up`, `gate_up`, `down`) to projection keys under ``experts.``."""
+    matches = [m for n in rel_names if (m := _PER_EXPERT.match(n))]
+    if matches:
+        projs = {m.group(2) for m in matches}
+        naming = next((nm for nm in NAMINGS if set(nm) & projs), NAMINGS[0])
+        return {
+            role: [f"{e}.{proj}" for e in range(num_experts)]
+            for role, proj in zip(("gate", "up", "down"), naming, strict=True)
+        }
+    if any(n.startswith("gate_up_proj.") for n in rel_names):
+        return {"gate_up": ["gate_up_proj"], "down": ["down_proj"]}
+    return {"gate": ["gate_proj"], "up": ["up_proj"], "down": ["down_proj"]}
+
+
+def _detect(
+    rel_names: set[str],
+    read_one: Callable[[str], torch.Tensor],
+    down_key: str,
+    config: MoEConfig,
+) -> FormatOptions:
+    """Guess the format from tensor names, then from a ``qweight`` shape."""
+    suffixes = {n.rsplit(".", 1)[-1] for n in rel_names}
+    if "weight_packed" in suffixes:
+        return FormatOptions(format="compressed-tensors")
+    if "qweight" not in suffixes:
+        raise ConfigError(
+            "cannot tell the format: expected `weight_packed` (compressed-tensors) or "
+            f"`qweight` (GPTQ/AWQ) tensors, got suffixes {sorted(suffixes)[:10]}"
+        )
+    if "g_idx" in suffixes:
+        return FormatOptions(format="gptq")
+    # down projection: GPTQ qweight (F/8, D), AWQ (F, D/8).
+    last = int(read_one(f"{down_key}.qweight").shape[-1])
+    d = config.hidden_size
+    if last in (d, d // 8) and d != 8:
+        return FormatOptions(format="gptq" if last == d else "awq")
+    raise ConfigError(
+        f"qweight of {down_key} has last dim {last}; expected hidden_size={d} (GPTQ) "
+        f"or hidden_size/8={d // 8} (AWQ)"
+    )
+
+
+def _names_of(
+    opts: FormatOptions, keys: list[str], present: set[str]
+) -> tuple[list[str], list[str]]:
+    """(names to read, missing names) for these projection keys."""
+    required, optional = SUFFIXES[opts.format]
+    if opts.format == "compressed-tensors" and opts.symmetric is False:
+        required += ("weight_zero_point",)
+    wanted: list[str] = []
+    missing: list[str] = []
+    for key in keys:
+        for suffix in required:
+            (wanted if f"{key}.{suffix}" in present else missing).append(
+                f"{key}.{suffix}"
+            )
+        wanted += [f"{key}.{s}" for s in optional if f"{key}.{s}" in present]
+    return wanted, missing
+
+
+def _listing(names: Iterable[str], base: str) -> str:
+    full = sorted(f"{base}{n}" for n in names)
+    more = f" and {len(full) - 10} more" if len(full) > 10 else ""
+    return ", ".join(full[:10]) + more
+
+
+# ---------------------------------------------------------------------- loading
+def load_experts(
+    source: Source,
+    *,
+    prefix: str,
+    config: MoEConfig,
+    format: CheckpointFormat = "auto",
+    quantization_config: Mapping[str, object] | None = None,
+    device: torch.device | str = "cpu",
+) -> LoadedExperts:
+    """Read one MoE layer's experts (and float router) into the canonical layout.
+
+    Args:
+        source: a ``.safetensors`` file, a folder of shards (with or without
+            ``model.safetensors.index.json``), or an in-memory state dict.
+        prefix: the MoE block's name, e.g. ``model.layers.3.mlp``; experts live under
+            ``<prefix>.experts.`` (per expert ``{e}.gate_proj`` / ``up_proj`` /
+            ``down_proj`` or Mixtral ``w1`` / ``w3`` / ``w2``, or fused 3-D
+            ``gate_up_proj`` / ``down_proj``), the router at ``<prefix>.gate.weight``.
+        config: the layer's sizes; ``num_experts`` experts are expected.
+        format: `auto` detects from ``quantization_config`` and tensor names.
+        quantization_config: the checkpoint's ``quantization_config``; read from the
+            ``config.json`` beside ``source`` when left out.
+        device: where the tensors are loaded.
+
+    Raises:
+        ConfigError: for an unknown or contradicting format, or missing or unexpected
+            tensors (named); ShapeError / DTypeError for malformed tensors.
+    """
+    src = _open_source(source, device)
+    if quantization_config is None:
+        quantization_config = read_quantization_config(source)
+    base = _join(prefix, "experts") + "."
+    rel = {n[len(base) :] for n in src.names if n.startswith(base)}
+    if not rel:
+        raise ConfigError(f"no tensors under {base!r} in the checkpoint")
+    plan = _plan(rel, config.num_experts)
+    opts = parse_quantization_config(quantization_config, format) or _detect(
+        rel, lambda n: src.read([base + n])[base + n], plan["down"][0], config
+    )
+    wanted: list[str] = []
+    missing: list[str] = []
+    for keys in plan.values():
+        got, lost = _names_of(opts, keys, rel)
+        wanted += got
+        missing += lost
+    if missing:
+        raise ConfigError(f"missing {opts.format} tensors: {_listing(missing, base)}")
+    extra = rel - set(wanted)
+    if extra:
+        raise ConfigError(f"unexpected tensors under {base!r}: {_listing(extra, base)}")
+    router = [
+        n
+        for n in (
+            _join(prefix, "gate.weight"),
+            _join(prefix, "gate.e_score_correction_bias"),
+        )
+        if n in src.names
+    ]
+    tensors = src.read([base + n for n in wanted] + router)
+    weights = _assemble(plan, opts, {n: tensors[base + n] for n in wanted})
+    _check_sizes(weights, config)
+    return LoadedExperts(
+        weights=weights,
+        gate_weight=tensors.get(_join(prefix, "gate.weight")),
+        e_score_correction_bias=tensors.get(
+            _join(prefix, "gate.e_score_correction_bias")
+        ),
+        format=opts.format,
+    )
+
+
+def _assemble(
+    plan: dict[str, list[str]], opts: FormatOptions, tensors: Mapping[str, torch.Tensor]
+) -> QuantizedExpertWeights:
+    def role(name: str) -> Int4Projection:
+        projections = []
+        for key in plan[name]:
+            local = {
+                n[len(key) + 1 :]: t
+                for n, t in tensors.items()
+                if n.startswith(key + ".")
+            }
+            projections.append(import_projection(opts, local))
+        return (
+            projections[0]
+            if len(projections) == 1 and "." not in plan[name][0]
+            else stack_projections(name, projections)
+        )
+
+    w13 = (
+        role("gate_up")
+        if "gate_up" in plan
+        else concat_rows("w13", role("gate"), role("up"))
+    )
+    return assemble_experts(w13, role("down"))
+
+
+def _check_sizes(weights: QuantizedExpertWeights, config: MoEConfig) -> None:
+    got = (weights.num_experts, weights.hidden_size, weights.intermediate_size)
+    want = (config.num_experts, config.hidden_size, config.intermediate_size)
+    if got != want:
+        raise ConfigError(
+            "checkpoint experts have (num_experts, hidden_size, intermediate_size) = "
+            f"{got}, but config says {want}"
+        )
+
+
+def from_checkpoint(
+    source: Source,
+    *,
+    prefix: str,
+    config: MoEConfig,
+    format: CheckpointFormat = "auto",
+    quantization_config: Mapping[str, object] | None = None,
+    backend: str = "auto",
+    device: torch.device | str = "cpu",
+    module_cls: type[Int4MoE] = Int4MoE,
+) -> Int4MoE:
+    """Build an :class:`Int4MoE` (or ``module_cls``) from a checkpoint layer.
+
+    Arguments as :func:`load_experts`; ``backend`` as ``Int4MoE``. The router
+    (``<prefix>.gate.weight``) and DeepSeek-V3's correction bias are loaded when present.
+    """
+    loaded = load_experts(
+        source,
+        prefix=prefix,
+        config=config,
+        format=format,
+        quantization_config=quantization_config,
+        device=device,
+    )
+    return module_cls.from_quantized(
+        loaded.weights,
+        config=config,
+        backend=backend,
+        gate_weight=loaded.gate_weight,
+        e_score_correction_bias=loaded.e_score_correction_bias,
+    )

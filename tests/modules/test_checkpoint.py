@@ -1,0 +1,278 @@
+"""Loading one MoE layer from safetensors files or state dicts, in every format."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from core.config import MoEConfig
+from core.errors import ConfigError
+from core.formats import export_expert_weights, quantization_config
+from core.packing import unpack_int4
+from core.quantize import quantize_expert_weights
+from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, Int4Scheme
+from core.weights import QuantizedExpertWeights
+from modules import Int4MoE
+from modules.checkpoint import from_checkpoint, load_experts
+from tests.core.formats.packers import awq_pack, gptq_pack
+from tests.tolerances import EXACT
+
+CFG = MoEConfig(num_experts=3, top_k=2, hidden_size=64, intermediate_size=32)
+PREFIX = "model.layers.1.mlp"
+
+
+def _weights(gen: torch.Generator, scheme: Int4Scheme) -> QuantizedExpertWeights:
+    w13 = torch.randn(3, 64, 64, generator=gen)
+    w2 = torch.randn(3, 64, 32, generator=gen)
+    return quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.float16)
+
+
+def _same(a: QuantizedExpertWeights, b: QuantizedExpertWeights) -> None:
+    assert a.scheme == b.scheme
+    assert a.tensors().keys() == b.tensors().keys()
+    for name, tensor in a.tensors().items():
+        torch.testing.assert_close(b.tensors()[name], tensor, **EXACT)
+
+
+def _projections(
+    w: QuantizedExpertWeights, e: int
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(codes (N, K), scale (N, G), zero (N, G)) of gate, up and down of expert e."""
+    f = w.intermediate_size
+    codes13, codes2 = unpack_int4(w.w13_qdata[e]), unpack_int4(w.w2_qdata[e])
+    z13 = (
+        w.w13_zero_point[e]
+        if w.w13_zero_point is not None
+        else torch.full_like(w.w13_scale[e], 8, dtype=torch.uint8)
+    )
+    z2 = (
+        w.w2_zero_point[e]
+        if w.w2_zero_point is not None
+        else torch.full_like(w.w2_scale[e], 8, dtype=torch.uint8)
+    )
+    return {
+        "gate_proj": (codes13[:f], w.w13_scale[e, :f], z13[:f]),
+        "up_proj": (codes13[f:], w.w13_scale[e, f:], z13[f:]),
+        "down_proj": (codes2, w.w2_scale[e], z2),
+    }
+
+
+def _gptq_state(w: QuantizedExpertWeights) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for e in range(w.num_experts):
+        for proj, (codes, scale, zero) in _projections(w, e).items():
+            qweight, qzeros = gptq_pack(codes.T.long(), zero.T.long())
+            k = codes.shape[1]
+            name = f"{PREFIX}.experts.{e}.{proj}"
+            out |= {
+                f"{name}.qweight": qweight,
+                f"{name}.qzeros": qzeros,
+                f"{name}.scales": scale.T.contiguous(),
+                f"{name}.g_idx": torch.arange(k, dtype=torch.int32) // 32,
+            }
+    return out
+
+
+def _awq_state(w: QuantizedExpertWeights) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for e in range(w.num_experts):
+        for proj, (codes, scale, zero) in _projections(w, e).items():
+            qweight, qzeros = awq_pack(codes.T.long(), zero.T.long())
+            name = f"{PREFIX}.experts.{e}.{proj}"
+            out |= {
+                f"{name}.qweight": qweight,
+                f"{name}.qzeros": qzeros,
+                f"{name}.scales": scale.T.contiguous(),
+            }
+    return out
+
+
+def _ct_state(
+    w: QuantizedExpertWeights,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+) -> dict[str, torch.Tensor]:
+    return export_expert_weights(w, prefix=f"{PREFIX}.experts", names=names)
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_compressed_tensors_state_dict_round_trips(
+    generator: torch.Generator, scheme: Int4Scheme
+) -> None:
+    w = _weights(generator, scheme)
+    loaded = load_experts(_ct_state(w), prefix=PREFIX, config=CFG)
+    assert loaded.format == "compressed-tensors"
+    _same(w, loaded.weights)
+
+
+def test_mixtral_naming_is_read(generator: torch.Generator) -> None:
+    w = _weights(generator, INT4_SYM_G32)
+    state = _ct_state(w, ("w1", "w3", "w2"))
+    _same(w, load_experts(state, prefix=PREFIX, config=CFG).weights)
+
+
+def test_gptq_is_detected_and_symmetric_zero_points_dropped(
+    generator: torch.Generator,
+) -> None:
+    w = _weights(generator, INT4_SYM_G32)
+    loaded = load_experts(_gptq_state(w), prefix=PREFIX, config=CFG)
+    assert loaded.format == "gptq"
+    _same(w, loaded.weights)
+
+
+def test_awq_is_detected_from_qweight_shape(generator: torch.Generator) -> None:
+    w = _weights(generator, INT4_ASYM_G32)
+    loaded = load_experts(_awq_state(w), prefix=PREFIX, config=CFG)
+    assert loaded.format == "awq"
+    _same(w, loaded.weights)
+
+
+def test_gptq_v2_needs_the_quantization_config(generator: torch.Generator) -> None:
+    w = _weights(generator, INT4_ASYM_G32)
+    state = _gptq_state(w)
+    qc = {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 32,
+        "sym": False,
+        "checkpoint_format": "gptq",
+    }
+    _same(
+        w,
+        load_experts(state, prefix=PREFIX, config=CFG, quantization_config=qc).weights,
+    )
+    qc["checkpoint_format"] = "gptq_v2"
+    shifted = load_experts(
+        state, prefix=PREFIX, config=CFG, quantization_config=qc
+    ).weights
+    assert shifted.w13_zero_point is not None
+    assert w.w13_zero_point is not None
+    assert torch.equal(shifted.w13_zero_point.long() + 1, w.w13_zero_point.long())
+
+
+def test_fused_three_d_experts(generator: torch.Generator) -> None:
+    from core.formats import split_experts, to_compressed_tensors
+
+    w = _weights(generator, INT4_ASYM_G32)
+    w13, w2 = split_experts(w)
+    state = {
+        f"{PREFIX}.experts.gate_up_proj.{k}": v
+        for k, v in to_compressed_tensors(w13).items()
+    }
+    state |= {
+        f"{PREFIX}.experts.down_proj.{k}": v
+        for k, v in to_compressed_tensors(w2).items()
+    }
+    _same(w, load_experts(state, prefix=PREFIX, config=CFG).weights)
+
+
+def _write_shards(state: dict[str, torch.Tensor], folder: Path, *, index: bool) -> None:
+    names = sorted(state)
+    half = len(names) // 2
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
+    for file, part in shards.items():
+        save_file({n: state[n].contiguous() for n in part}, str(folder / file))
+    if index:
+        weight_map = {n: f for f, part in shards.items() for n in part}
+        # A tensor of another layer in a shard that does not exist: reading it would fail,
+        # so loading this layer proves that only the layer's own tensors are opened.
+        weight_map["model.layers.0.mlp.experts.0.gate_proj.weight_packed"] = (
+            "absent.safetensors"
+        )
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": weight_map})
+        )
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["indexed", "globbed"])
+def test_sharded_folder_is_read_lazily(
+    generator: torch.Generator, tmp_path: Path, index: bool
+) -> None:
+    w = _weights(generator, INT4_ASYM_G32)
+    state = _ct_state(w) | {
+        f"{PREFIX}.gate.weight": torch.randn(3, 64, generator=generator)
+    }
+    _write_shards(state, tmp_path, index=index)
+    (tmp_path / "config.json").write_text(
+        json.dumps({"quantization_config": quantization_config(INT4_ASYM_G32)})
+    )
+    loaded = load_experts(tmp_path, prefix=PREFIX, config=CFG)
+    _same(w, loaded.weights)
+    assert loaded.gate_weight is not None
+    torch.testing.assert_close(
+        loaded.gate_weight, state[f"{PREFIX}.gate.weight"], **EXACT
+    )
+
+
+def test_single_file_and_module_forward(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    w = _weights(generator, INT4_SYM_G32)
+    gate = torch.randn(3, 64, generator=generator).to(torch.float16)
+    save_file(
+        _ct_state(w) | {f"{PREFIX}.gate.weight": gate},
+        str(tmp_path / "model.safetensors"),
+    )
+    moe = from_checkpoint(
+        tmp_path / "model.safetensors", prefix=PREFIX, config=CFG, backend="reference"
+    )
+    direct = Int4MoE.from_quantized(
+        w, config=CFG, backend="reference", gate_weight=gate
+    )
+    x = torch.randn(5, 64, generator=generator).to(torch.float16)
+    torch.testing.assert_close(moe(x), direct(x), **EXACT)
+
+
+def test_missing_and_extra_tensors_are_named(generator: torch.Generator) -> None:
+    state = _ct_state(_weights(generator, INT4_SYM_G32))
+    del state[f"{PREFIX}.experts.2.up_proj.weight_scale"]
+    with pytest.raises(
+        ConfigError, match=r"missing .*experts\.2\.up_proj\.weight_scale"
+    ):
+        load_experts(state, prefix=PREFIX, config=CFG)
+    state = _ct_state(_weights(generator, INT4_SYM_G32))
+    state[f"{PREFIX}.experts.1.down_proj.bias"] = torch.zeros(64)
+    with pytest.raises(ConfigError, match=r"unexpected .*experts\.1\.down_proj\.bias"):
+        load_experts(state, prefix=PREFIX, config=CFG)
+    with pytest.raises(ConfigError, match="missing"):
+        load_experts(
+            _ct_state(_weights(generator, INT4_SYM_G32)),
+            prefix=PREFIX,
+            config=MoEConfig(
+                num_experts=4, top_k=2, hidden_size=64, intermediate_size=32
+            ),
+        )
+
+
+def test_formats_that_disagree_or_are_not_int4_are_refused(
+    generator: torch.Generator,
+) -> None:
+    state = _ct_state(_weights(generator, INT4_SYM_G32))
+    with pytest.raises(ConfigError, match="contradicts"):
+        load_experts(
+            state,
+            prefix=PREFIX,
+            config=CFG,
+            format="gptq",
+            quantization_config={"quant_method": "awq"},
+        )
+    with pytest.raises(ConfigError, match="bits must be 4"):
+        load_experts(
+            state,
+            prefix=PREFIX,
+            config=CFG,
+            quantization_config={"quant_method": "gptq", "bits": 8},
+        )
+    with pytest.raises(ConfigError, match="version must be `gemm`"):
+        load_experts(
+            state,
+            prefix=PREFIX,
+            config=CFG,
+            quantization_config={"quant_method": "awq", "version": "gemv"},
+        )
+    with pytest.raises(ConfigError, match="no tensors under"):
+        load_experts(state, prefix="model.layers.9.mlp", config=CFG)
