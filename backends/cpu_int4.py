@@ -120,15 +120,18 @@ def _refusal(
 
 
 def _scale_and_zero(
-    scale_RG: torch.Tensor, zero_point_RG: torch.Tensor | None, dtype: torch.dtype
+    scale_ERG: torch.Tensor, zero_point_ERG: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
-    """``(G, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``dtype`` (math in float32)."""
-    scale = scale_RG.float()
-    if zero_point_RG is None:
+    """``(E, G, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``dtype``.
+
+    Computed in float32 and rounded once, so a bf16 ``zero`` carries one rounding.
+    """
+    scale = scale_ERG.float()
+    if zero_point_ERG is None:
         zero = torch.zeros_like(scale)
     else:
-        zero = (_SYM_OFFSET - zero_point_RG.float()) * scale
-    return torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        zero = (_SYM_OFFSET - zero_point_ERG.float()) * scale
+    return torch.stack([scale, zero], dim=-1).transpose(1, 2).contiguous().to(dtype)
 
 
 def _pack_codes(qdata_RP: torch.Tensor) -> torch.Tensor:
@@ -139,24 +142,14 @@ def _pack_codes(qdata_RP: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _pack_all(
-    qdata_ERP: torch.Tensor,
-    scale_ERG: torch.Tensor,
-    zero_ERG: torch.Tensor | None,
-    dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pack every expert one at a time (peak memory: one expert's int32 codes)."""
-    experts = range(int(qdata_ERP.shape[0]))
-    packed = torch.stack([_pack_codes(qdata_ERP[e]) for e in experts])
-    pairs = torch.stack(
-        [
-            _scale_and_zero(
-                scale_ERG[e], None if zero_ERG is None else zero_ERG[e], dtype
-            )
-            for e in experts
-        ]
-    )
-    return packed, pairs
+def _pack_experts(qdata_ERP: torch.Tensor) -> torch.Tensor:
+    """Pack expert by expert into one ``(E, ...)`` tensor (peak: one expert's codes)."""
+    first = _pack_codes(qdata_ERP[0])
+    packed = torch.empty((int(qdata_ERP.shape[0]), *first.shape), dtype=first.dtype)
+    packed[0] = first
+    for expert in range(1, int(qdata_ERP.shape[0])):
+        packed[expert] = _pack_codes(qdata_ERP[expert])
+    return packed
 
 
 @final
@@ -200,21 +193,19 @@ class CPUInt4Backend:
             raise BackendUnavailableError(
                 f"cpu-int4 cannot prepare these weights: {reason}"
             )
-        w13_packed, w13_pairs = _pack_all(
-            weights.w13_qdata, weights.w13_scale, weights.w13_zero_point, dtype
-        )
-        w2_packed, w2_pairs = _pack_all(
-            weights.w2_qdata, weights.w2_scale, weights.w2_zero_point, dtype
-        )
         return CPUInt4Prepared(
             weights=weights,
             config=config,
             dtype=dtype,
-            w13_packed=w13_packed,
-            w13_scale_and_zero=w13_pairs,
+            w13_packed=_pack_experts(weights.w13_qdata),
+            w13_scale_and_zero=_scale_and_zero(
+                weights.w13_scale, weights.w13_zero_point, dtype
+            ),
             w13_group_size=weights.scheme.group_size_for(config.hidden_size),
-            w2_packed=w2_packed,
-            w2_scale_and_zero=w2_pairs,
+            w2_packed=_pack_experts(weights.w2_qdata),
+            w2_scale_and_zero=_scale_and_zero(
+                weights.w2_scale, weights.w2_zero_point, dtype
+            ),
             w2_group_size=weights.scheme.group_size_for(config.intermediate_size),
         )
 
