@@ -35,7 +35,7 @@ from core.formats.options import (
 from core.weights import QuantizedExpertWeights
 from modules.int4_moe import Int4MoE
 
-Source: TypeAlias = "str | os.PathLike[str] | Mapping[str, torch.Tensor]"
+Source: TypeAlias = str | os.PathLike[str] | Mapping[str, torch.Tensor]
 NAMINGS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 """Per-expert projection names: HF (gate, up, down) and Mixtral (w1, w3, w2)."""
 _INDEX = "model.safetensors.index.json"

@@ -1,0 +1,310 @@
+"""Hugging Face transformers: MoEConfig from HF configs, and int4 MoE block replacement.
+
+Duck-typed on transformers >= 5 module layouts (no transformers import): a sparse MoE
+block has a router child (``gate`` or ``router``) returning ``(logits, weights, ids)``
+and an ``experts`` child holding fused 3-D ``gate_up_proj`` / ``down_proj``.
+May import core and modules. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` experts,
+``F`` intermediate, ``K`` top_k.
+"""
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import torch
+from torch import nn
+
+from core.config import Activation, MoEConfig
+from core.errors import ConfigError
+from core.scheme import INT4_SYM_G32, Int4Scheme
+from modules.checkpoint import Source, load_experts
+from modules.int4_moe import Int4MoE
+
+Routing: TypeAlias = Literal["model", "config"]
+
+_ACTIVATIONS: dict[str, Activation] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+}
+_ROUTERS = ("gate", "router")
+_SHARED = ("shared_expert", "shared_experts")
+
+
+def _get(config: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def moe_config_from_hf(hf_config: Any) -> MoEConfig:
+    """The :class:`MoEConfig` of one sparse MoE layer of a transformers model config.
+
+    Covers Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 (sigmoid scores, grouped top-k,
+    correction bias, ``routed_scaling_factor``) and gpt-oss (``swigluoai``; its
+    softmax over the top-k logits equals a renormalized softmax).
+
+    Raises:
+        ConfigError: for an activation int4-moe does not implement.
+    """
+    cfg = (
+        hf_config.get_text_config()
+        if hasattr(hf_config, "get_text_config")
+        else hf_config
+    )
+    model_type = str(getattr(cfg, "model_type", ""))
+    num_experts = int(_get(cfg, "n_routed_experts", "num_local_experts", "num_experts"))
+    groups = _get(cfg, "n_group")
+    grouped = groups is not None and int(groups) > 1
+    act_name = str(_get(cfg, "hidden_act", default="silu"))
+    if model_type == "gpt_oss":
+        activation: Activation = "swigluoai"
+    elif act_name in _ACTIVATIONS:
+        activation = _ACTIVATIONS[act_name]
+    else:
+        raise ConfigError(
+            f"hidden_act must be one of {sorted(_ACTIVATIONS)}, got {act_name!r}"
+        )
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=int(cfg.num_experts_per_tok),
+        hidden_size=int(cfg.hidden_size),
+        intermediate_size=int(_get(cfg, "moe_intermediate_size", "intermediate_size")),
+        renormalize=bool(_get(cfg, "norm_topk_prob", default=True)),
+        scoring_func="sigmoid" if model_type.startswith("deepseek_v3") else "softmax",
+        activation=activation,
+        num_expert_group=int(groups) if grouped else None,
+        topk_group=int(cfg.topk_group) if grouped else None,
+        routed_scaling_factor=float(_get(cfg, "routed_scaling_factor", default=1.0)),
+        swiglu_alpha=float(_get(cfg, "swiglu_alpha", default=1.702)),
+        swiglu_limit=float(_get(cfg, "swiglu_limit", default=7.0)),
+    )
+
+
+class Int4SparseMoeBlock(nn.Module):
+    """A transformers sparse MoE block with its routed experts in int4.
+
+    The float router (under its original name, so its output recorders still fire)
+    and the float shared experts stay as they were; ``experts`` is an
+    :class:`~modules.int4_moe.Int4MoE`. ``forward`` returns what the original block
+    returned: the hidden states, or ``(hidden, router_scores)`` for gpt-oss.
+
+    Args:
+        router: the block's router module, returning ``(logits, weights, ids)``.
+        router_name: its attribute name (``gate`` or ``router``).
+        experts: the int4 experts.
+        shared: optional ``{name: module}`` of ``shared_expert(s)`` and
+            ``shared_expert_gate`` (Qwen2-MoE's sigmoid gate on the shared expert).
+        routing: `model` uses the router's own top-k weights and ids (exactly the
+            model's semantics); `config` routes the logits with ``experts.config``.
+        returns_router_scores: return ``(hidden, router_scores)`` like gpt-oss.
+    """
+
+    def __init__(
+        self,
+        *,
+        router: nn.Module,
+        router_name: str,
+        experts: Int4MoE,
+        shared: Mapping[str, nn.Module],
+        routing: Routing = "model",
+        returns_router_scores: bool = False,
+    ) -> None:
+        super().__init__()
+        if routing not in ("model", "config"):
+            raise ConfigError(f"routing must be `model` or `config`, got {routing!r}")
+        self.router_name = router_name
+        self.add_module(router_name, router)
+        self.experts = experts
+        for name, module in shared.items():
+            self.add_module(name, module)
+        self.shared_names = tuple(n for n in shared if n != "shared_expert_gate")
+        self.routing = routing
+        self.returns_router_scores = returns_router_scores
+
+    def forward(
+        self, hidden_states: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(..., D)`` to ``(..., D)`` (gpt-oss: also the router scores ``(T, K)``)."""
+        x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
+        logits_TE, weights_TK, ids_TK = self.get_submodule(self.router_name)(x_TD)
+        if self.routing == "model":
+            out_TD = self.experts(x_TD, topk_weights=weights_TK, topk_ids=ids_TK)
+        else:
+            out_TD = self.experts(x_TD, logits_TE)
+        for name in self.shared_names:
+            shared_TD = self.get_submodule(name)(x_TD)
+            gate = self._modules.get("shared_expert_gate")
+            if gate is not None:
+                shared_TD = torch.sigmoid(gate(x_TD)) * shared_TD
+            out_TD = out_TD + shared_TD
+        out = out_TD.reshape(hidden_states.shape)
+        return (out, weights_TK) if self.returns_router_scores else out
+
+    def extra_repr(self) -> str:
+        """Routing mode and the router's name."""
+        return f"routing={self.routing}, router={self.router_name}"
+
+
+def find_moe_blocks(model: nn.Module) -> dict[str, nn.Module]:
+    """Sparse MoE blocks by qualified name: a router child and fused 3-D experts."""
+    found: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        experts = getattr(module, "experts", None)
+        router = next(
+            (getattr(module, r) for r in _ROUTERS if hasattr(module, r)), None
+        )
+        if (
+            isinstance(experts, nn.Module)
+            and isinstance(router, nn.Module)
+            and isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor)
+            and experts.gate_up_proj.ndim == 3
+        ):
+            found[name] = module
+    return found
+
+
+def _param(module: nn.Module, name: str) -> torch.Tensor:
+    value = getattr(module, name, None)
+    if not isinstance(value, torch.Tensor):
+        raise ConfigError(
+            f"experts.{name} must be a tensor, got {type(value).__name__}"
+        )
+    return value.detach()
+
+
+def float_experts(
+    block: nn.Module, *, model_type: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's float experts in canonical form: ``w13 (E, 2F, D)``, ``w2 (E, D, F)``.
+
+    gpt-oss stores ``gate_up_proj (E, D, 2F)`` with gate and up interleaved along the
+    last dim and ``down_proj (E, F, D)``; the others store ``(E, 2F, D)`` (gate rows
+    then up rows) and ``(E, D, F)``.
+
+    Raises:
+        ConfigError: for gpt-oss experts with nonzero biases (Int4MoE has no expert
+            biases yet).
+    """
+    experts = block.get_submodule("experts")
+    gate_up, down = _param(experts, "gate_up_proj"), _param(experts, "down_proj")
+    if model_type != "gpt_oss":
+        return gate_up, down
+    for bias_name in ("gate_up_proj_bias", "down_proj_bias"):
+        bias = getattr(experts, bias_name, None)
+        if isinstance(bias, torch.Tensor) and bool(bias.detach().ne(0).any()):
+            raise ConfigError(
+                f"gpt-oss experts.{bias_name} must be zero to convert: Int4MoE has no "
+                "per-expert biases yet"
+            )
+    w13_EHD = torch.cat((gate_up[..., 0::2], gate_up[..., 1::2]), dim=-1).transpose(
+        1, 2
+    )
+    return w13_EHD.contiguous(), down.transpose(1, 2).contiguous()
+
+
+def _int4_experts(
+    name: str,
+    block: nn.Module,
+    config: MoEConfig,
+    *,
+    model_type: str,
+    scheme: Int4Scheme,
+    backend: str,
+    checkpoint: Source | None,
+    quantization_config: Mapping[str, object] | None,
+) -> Int4MoE:
+    router = next(getattr(block, r) for r in _ROUTERS if hasattr(block, r))
+    bias = getattr(router, "e_score_correction_bias", None)
+    bias = bias.detach() if isinstance(bias, torch.Tensor) else None
+    if checkpoint is None:
+        w13, w2 = float_experts(block, model_type=model_type)
+        return Int4MoE.from_float(
+            w13_weight=w13,
+            w2_weight=w2,
+            config=config,
+            scheme=scheme,
+            backend=backend,
+            e_score_correction_bias=bias,
+            dtype=w13.dtype,
+        )
+    if model_type == "gpt_oss":
+        raise ConfigError(
+            "loading gpt-oss int4 experts from a checkpoint is not supported"
+        )
+    loaded = load_experts(
+        checkpoint,
+        prefix=name,
+        config=config,
+        quantization_config=quantization_config,
+        device=_param(block.get_submodule("experts"), "gate_up_proj").device,
+    )
+    return Int4MoE.from_quantized(
+        loaded.weights, config=config, backend=backend, e_score_correction_bias=bias
+    )
+
+
+def replace_moe_blocks(
+    model: nn.Module,
+    *,
+    scheme: Int4Scheme = INT4_SYM_G32,
+    backend: str = "auto",
+    routing: Routing = "model",
+    checkpoint: Source | None = None,
+    quantization_config: Mapping[str, object] | None = None,
+) -> list[str]:
+    """Replace every sparse MoE block of a transformers model by an int4 one, in place.
+
+    The routed experts are quantized (round to nearest, ``scheme``) from the model's
+    float weights or, with ``checkpoint``, read from an int4 checkpoint (GPTQ, AWQ or
+    compressed-tensors, per :func:`~modules.checkpoint.load_experts`, with the block's
+    name as prefix). Router and shared experts stay in float.
+
+    Args:
+        model: a loaded model, e.g. ``MixtralForCausalLM``; its ``config`` describes
+            the MoE layers.
+        scheme: int4 scheme when quantizing float weights.
+        backend: Int4MoE backend name or `auto`.
+        routing: see :class:`Int4SparseMoeBlock`.
+        checkpoint: optional int4 checkpoint (file, folder or state dict).
+        quantization_config: the checkpoint's, when not in its ``config.json``.
+
+    Returns:
+        The qualified names of the replaced blocks.
+    """
+    hf_config = getattr(model, "config", None)
+    if hf_config is None:
+        raise ConfigError("model must have a transformers `config` attribute, got none")
+    config = moe_config_from_hf(hf_config)
+    model_type = str(getattr(hf_config, "model_type", ""))
+    blocks = find_moe_blocks(model)
+    for name, block in blocks.items():
+        experts = _int4_experts(
+            name,
+            block,
+            config,
+            model_type=model_type,
+            scheme=scheme,
+            backend=backend,
+            checkpoint=checkpoint,
+            quantization_config=quantization_config,
+        )
+        router_name = next(r for r in _ROUTERS if hasattr(block, r))
+        shared = {
+            n: getattr(block, n)
+            for n in (*_SHARED, "shared_expert_gate")
+            if isinstance(getattr(block, n, None), nn.Module)
+        }
+        new = Int4SparseMoeBlock(
+            router=getattr(block, router_name),
+            router_name=router_name,
+            experts=experts,
+            shared=shared,
+            routing=routing,
+            returns_router_scores=model_type == "gpt_oss",
+        )
+        model.set_submodule(name, new)
+    return list(blocks)

@@ -1,0 +1,290 @@
+"""Hugging Face MoE blocks replaced by Int4MoE, checked against the original model.
+
+Tiny random-weight transformers models built from config (no downloads). Two checks
+per model: against the original run on the dequantized int4 weights (float32
+rounding only), and against the original float model (int4 error, SQNR floor).
+"""
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    PreTrainedModel,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+from core.config import MoEConfig
+from core.errors import ConfigError
+from core.formats import export_expert_weights
+from core.quantize import dequantize_expert_weights
+from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
+from modules import Int4MoE
+from modules.hf import (
+    Int4SparseMoeBlock,
+    Routing,
+    moe_config_from_hf,
+    replace_moe_blocks,
+)
+from tests.tolerances import EXACT, HF_LOGITS_SQNR_FLOOR_DB, KERNEL_VS_ORACLE, sqnr_db
+
+COMMON: dict[str, Any] = {
+    "vocab_size": 64,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+HEAD_DIM: dict[str, Any] = {"head_dim": 16}  # Qwen3MoeConfig's signature omits it
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def _mixtral() -> PreTrainedModel:
+    return MixtralForCausalLM(
+        MixtralConfig(
+            **COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2
+        )
+    )
+
+
+def _qwen2() -> PreTrainedModel:
+    cfg = Qwen2MoeConfig(
+        **COMMON,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+    )
+    return Qwen2MoeForCausalLM(cfg)
+
+
+def _qwen3() -> PreTrainedModel:
+    cfg = Qwen3MoeConfig(
+        **COMMON,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        **HEAD_DIM,
+    )
+    return Qwen3MoeForCausalLM(cfg)
+
+
+def _deepseek() -> PreTrainedModel:
+    cfg = DeepseekV3Config(
+        **COMMON,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        rope_parameters=ROPE,
+    )
+    return DeepseekV3ForCausalLM(cfg)
+
+
+def _gpt_oss() -> PreTrainedModel:
+    cfg = GptOssConfig(
+        **COMMON,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=16,
+        sliding_window=8,
+        rope_parameters=ROPE,
+    )
+    return GptOssForCausalLM(cfg)
+
+
+MODELS: dict[str, Callable[[], PreTrainedModel]] = {
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen2,
+    "qwen3_moe": _qwen3,
+    "deepseek_v3": _deepseek,
+    "gpt_oss": _gpt_oss,
+}
+
+
+ROUTINGS: list[Routing] = ["model", "config"]
+
+
+def _build(name: str) -> PreTrainedModel:
+    torch.manual_seed(20261202)  # transformers initializes from the global generator
+    model = MODELS[name]()
+    nn.Module.eval(model)
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):  # make DeepSeek's selection bias matter
+                bias.copy_(torch.randn_like(bias) * 0.1)
+            for zeroed in ("gate_up_proj_bias", "down_proj_bias"):  # Int4MoE: no biases
+                if isinstance(getattr(module, zeroed, None), torch.Tensor):
+                    getattr(module, zeroed).zero_()
+    return model
+
+
+def _load_dequantized(
+    original: nn.Module, replaced: nn.Module, names: list[str], *, gpt_oss: bool
+) -> None:
+    """Put each Int4MoE's dequantized experts into the original model's float experts."""
+    with torch.no_grad():
+        for name in names:
+            int4 = replaced.get_submodule(f"{name}.experts")
+            assert isinstance(int4, Int4MoE)
+            w13, w2 = dequantize_expert_weights(int4.weights)
+            experts = original.get_submodule(f"{name}.experts")
+            if gpt_oss:  # (E, D, 2F) with gate/up interleaved, down (E, F, D)
+                f = w13.shape[1] // 2
+                gate_up = torch.stack((w13[:, :f], w13[:, f:]), dim=2).reshape_as(w13)
+                w13, w2 = gate_up.transpose(1, 2), w2.transpose(1, 2)
+            _tensor(experts, "gate_up_proj").copy_(w13)
+            _tensor(experts, "down_proj").copy_(w2)
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    value = getattr(module, name)
+    assert isinstance(value, torch.Tensor)
+    return value
+
+
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = model(ids).logits
+    return out
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_replaced_model_matches_original(
+    name: str, routing: Routing, generator: torch.Generator
+) -> None:
+    original = _build(name)
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    replaced = copy.deepcopy(original)
+    names = replace_moe_blocks(
+        replaced, scheme=INT4_SYM_G32, backend="reference", routing=routing
+    )
+    assert names == (
+        ["model.layers.1.mlp"]
+        if name == "deepseek_v3"
+        else ["model.layers.0.mlp", "model.layers.1.mlp"]
+    )
+    assert all(isinstance(replaced.get_submodule(n), Int4SparseMoeBlock) for n in names)
+    out = _logits(replaced, ids)
+    assert sqnr_db(_logits(original, ids), out) >= HF_LOGITS_SQNR_FLOOR_DB[name]
+    dequantized = copy.deepcopy(original)
+    _load_dequantized(dequantized, replaced, names, gpt_oss=name == "gpt_oss")
+    torch.testing.assert_close(
+        out, _logits(dequantized, ids), **KERNEL_VS_ORACLE[torch.float32]
+    )
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_block_returns_what_the_original_returned(
+    name: str, generator: torch.Generator
+) -> None:
+    original = _build(name)
+    replaced = copy.deepcopy(original)
+    block_name = replace_moe_blocks(replaced, backend="reference")[-1]
+    x = torch.randn(2, 5, 64, generator=generator)
+    with torch.no_grad():
+        before = original.get_submodule(block_name)(x)
+        after = replaced.get_submodule(block_name)(x)
+    assert type(after) is type(before)
+    if isinstance(before, tuple):  # gpt-oss: (hidden, router_scores)
+        assert after[0].shape == before[0].shape
+        torch.testing.assert_close(after[1], before[1], **EXACT)
+    else:
+        assert after.shape == before.shape
+
+
+def test_router_logits_are_still_recorded(generator: torch.Generator) -> None:
+    original = _build("qwen2_moe")
+    replaced = copy.deepcopy(original)
+    replace_moe_blocks(replaced, backend="reference")
+    ids = torch.randint(0, 64, (1, 6), generator=generator)
+    with torch.no_grad():
+        ref = original(ids, output_router_logits=True).router_logits
+        got = replaced(ids, output_router_logits=True).router_logits
+    assert len(got) == len(ref) == 2
+    torch.testing.assert_close(got[0], ref[0], **EXACT)
+
+
+def test_moe_config_carries_routing_semantics() -> None:
+    assert moe_config_from_hf(_build("deepseek_v3").config) == MoEConfig(
+        num_experts=8,
+        top_k=2,
+        hidden_size=64,
+        intermediate_size=32,
+        renormalize=True,
+        scoring_func="sigmoid",
+        num_expert_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+    )
+    assert not moe_config_from_hf(_build("qwen2_moe").config).renormalize
+    gpt = moe_config_from_hf(_build("gpt_oss").config)
+    assert (gpt.activation, gpt.swiglu_alpha, gpt.swiglu_limit) == (
+        "swigluoai",
+        1.702,
+        7.0,
+    )
+    cfg = MixtralConfig(
+        **COMMON,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        hidden_act="relu",
+    )
+    with pytest.raises(ConfigError, match="hidden_act must be one of"):
+        moe_config_from_hf(cfg)
+
+
+def test_gpt_oss_biases_are_refused() -> None:
+    model = _build("gpt_oss")
+    with torch.no_grad():
+        _tensor(
+            model.get_submodule("model.layers.0.mlp.experts"), "down_proj_bias"
+        ).fill_(0.5)
+    with pytest.raises(ConfigError, match="down_proj_bias must be zero"):
+        replace_moe_blocks(model)
+
+
+def test_blocks_from_an_int4_checkpoint(generator: torch.Generator) -> None:
+    original = _build("qwen3_moe")
+    quantized = copy.deepcopy(original)
+    names = replace_moe_blocks(quantized, scheme=INT4_ASYM_G32, backend="reference")
+    state: dict[str, torch.Tensor] = {}
+    for name in names:
+        int4 = quantized.get_submodule(f"{name}.experts")
+        assert isinstance(int4, Int4MoE)
+        state |= export_expert_weights(int4.weights, prefix=f"{name}.experts")
+    loaded = copy.deepcopy(original)
+    replace_moe_blocks(loaded, backend="reference", checkpoint=state)
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    torch.testing.assert_close(_logits(loaded, ids), _logits(quantized, ids), **EXACT)
