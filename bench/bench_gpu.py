@@ -1,0 +1,309 @@
+"""Benchmark one MoE layer of public models on one GPU: triton-w4a16, triton-emulation
+and the anchors a user would otherwise pick, against the byte/FLOP floor of the same run.
+
+Run on the GPU from the repository root: ``python bench/bench_gpu.py [model ...]``.
+Writes bench/RESULTS.md, bench/results.json and bench/<model>.png (and copies to $OUT).
+Shape legend: ``T`` tokens (M), ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
+"""
+
+import datetime
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing as tt
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.triton._launch import ExpertMatrix, fused_moe  # noqa: E402
+from core.config import MoEConfig  # noqa: E402
+from core.quantize import dequantize_expert_weights  # noqa: E402
+from core.reference import moe_forward_reference  # noqa: E402
+from core.routing import Routing  # noqa: E402
+from core.scheme import INT4_SYM_G128  # noqa: E402
+from core.weights import QuantizedExpertWeights  # noqa: E402
+
+MODELS = {  # name: (E, top_k, D, F)
+    "mixtral-8x7b": (8, 2, 4096, 14336),
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-235b-a22b": (128, 8, 4096, 1536),
+    "deepseek-v3": (256, 8, 7168, 2048),
+}
+MS = [1, 4, 16, 64, 256, 1024, 4096]
+GROUP = 128
+HERE = Path(__file__).resolve().parent
+FLUSH = torch.empty(512 * 1024**2, dtype=torch.uint8, device="cuda")  # > 60 MB L2
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = tt.do_bench(lambda: b.copy_(a), warmup=50, rep=200, return_mode="median")
+    return 2 * a.numel() / (ms * 1e-3)
+
+
+def matmul_rate() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = tt.do_bench(lambda: a @ b, warmup=50, rep=200, return_mode="median")
+    return 2 * 8192**3 / (ms * 1e-3)
+
+
+def random_int4(e: int, d: int, f: int) -> QuantizedExpertWeights:
+    """Random codes and bf16 group-128 scales (symmetric), built on the GPU."""
+
+    def codes(*shape: int) -> torch.Tensor:
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda")
+
+    def scales(n: int, k: int) -> torch.Tensor:
+        s = torch.rand(e, n, k // GROUP, device="cuda") * 0.5 + 0.75
+        return (s / (4 * k**0.5)).to(torch.bfloat16)
+
+    return QuantizedExpertWeights(
+        w13_qdata=codes(e, 2 * f, d // 2), w13_scale=scales(2 * f, d), w13_zero_point=None,
+        w2_qdata=codes(e, d, f // 2), w2_scale=scales(d, f), w2_zero_point=None,
+        scheme=INT4_SYM_G128,
+    )
+
+
+def route(m: int, e: int, k: int) -> Routing:
+    """Uniform random routing: softmax top-k of Gaussian logits, renormalized."""
+    w, ids = torch.topk(torch.softmax(torch.randn(m, e, device="cuda"), -1), k, dim=-1)
+    return Routing(topk_weights=w / w.sum(-1, keepdim=True), topk_ids=ids)
+
+
+def grouped_mm_anchor(x, w13t, w2t, routing: Routing):  # type: ignore[no-untyped-def]
+    """torch._grouped_mm over bf16 weights; counts by scatter_add (capturable)."""
+    e, k = w13t.shape[0], routing.topk_ids.shape[1]
+    flat = routing.topk_ids.flatten()
+    order = flat.argsort()
+    tok = order // k
+    counts = torch.zeros(e, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    h = torch._grouped_mm(x[tok], w13t, offs=offs)
+    g, u = h.chunk(2, dim=-1)
+    y = torch._grouped_mm((torch.nn.functional.silu(g) * u).contiguous(), w2t, offs=offs)
+    out = torch.zeros_like(x)
+    out.index_add_(0, tok, (y * routing.topk_weights.flatten()[order, None]).to(x.dtype))
+    return out
+
+
+def tinygemm_pack(qdata, scale):  # type: ignore[no-untyped-def]
+    """Canonical sym int4 (N, K/2) -> tinygemm packed weight and scales_and_zeros."""
+    n, half = qdata.shape
+    q = torch.stack([qdata & 15, qdata >> 4], -1).reshape(n, 2 * half).to(torch.int32)
+    packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+    s = scale.float()  # tinygemm: (q - 8) * scale + zero, zero = 0 for symmetric
+    sz = torch.stack([s, torch.zeros_like(s)], -1).transpose(0, 1).contiguous()
+    return packed, sz.to(torch.bfloat16)
+
+
+def tinygemm_loop(x, packs13, packs2, routing: Routing):  # type: ignore[no-untyped-def]
+    out = torch.zeros_like(x)
+    k = routing.topk_ids.shape[1]
+    flat = routing.topk_ids.flatten()
+    order = flat.argsort()
+    counts = torch.bincount(flat, minlength=len(packs13)).tolist()
+    start = 0
+    for ex, c in enumerate(counts):
+        if c == 0:
+            continue
+        sel = order[start:start + c]
+        t = sel // k
+        start += c
+        h = torch._weight_int4pack_mm(x[t], *packs13[ex][:1], GROUP, packs13[ex][1])
+        g, u = h.chunk(2, dim=-1)
+        y = torch._weight_int4pack_mm((torch.nn.functional.silu(g) * u).contiguous(),
+                                      packs2[ex][0], GROUP, packs2[ex][1])
+        out.index_add_(0, t, y * routing.topk_weights.flatten()[sel, None].to(y.dtype))
+    return out
+
+
+def time_eager(fn: Callable[[], object]) -> float:
+    return float(tt.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def time_graph(fn: Callable[[], object], reps: int = 50) -> float | None:
+    """Median ms of CUDA-graph replays, L2 flushed before each (None if not capturable)."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:
+        return None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps + 5):
+        FLUSH.zero_()
+        if i >= 5:
+            starts[i - 5].record()
+        graph.replay()
+        if i >= 5:
+            ends[i - 5].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    return times[len(times) // 2]
+
+
+def floor_ms(m: int, active: int, e: int, k: int, d: int, f: int, bw: float, rate: float) -> float:
+    wbytes = active * 3 * f * d * (0.5 + 2 / GROUP)
+    abytes = m * d * 2 * 2 + m * k * 3 * f * 2 * 2
+    return max((wbytes + abytes) / bw, 2 * m * k * 3 * f * d / rate) * 1e3
+
+
+def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
+    e, k, d, f = MODELS[name]
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    q = random_int4(e, d, f)
+    w13m = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    w2m = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    w13, w2 = dequantize_expert_weights(q, dtype=torch.bfloat16)
+    d13, d2 = ExpertMatrix(data=w13), ExpertMatrix(data=w2)
+    w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+    tiny = None
+    if e <= 128:
+        tiny = ([tinygemm_pack(q.w13_qdata[i], q.w13_scale[i]) for i in range(e)],
+                [tinygemm_pack(q.w2_qdata[i], q.w2_scale[i]) for i in range(e)])
+    rows = []
+    for m in MS:
+        x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+        r = route(m, e, k)
+        active = int(torch.unique(r.topk_ids).numel())
+        fl = floor_ms(m, active, e, k, d, f, bw, rate)
+        row: dict[str, object] = {"model": name, "M": m, "active": active, "floor_ms": fl}
+        fns: dict[str, Callable[[], torch.Tensor]] = {
+            "triton-w4a16": lambda: fused_moe(x, w13m, w2m, r, config),
+            "triton-emulation": lambda: fused_moe(x, d13, d2, r, config),
+            "grouped_mm-bf16": lambda: grouped_mm_anchor(x, w13t, w2t, r),
+        }
+        if tiny is not None and m <= 1024:
+            fns["tinygemm-loop"] = lambda: tinygemm_loop(x, tiny[0], tiny[1], r)
+        ref = moe_forward_reference(x, q, r, config)
+        for key, fn in fns.items():
+            row[f"{key}_relerr"] = rel_err(ref, fn())
+            row[f"{key}_ms"] = time_eager(fn)
+            if m <= 64 and key != "tinygemm-loop":
+                row[f"{key}_graph_ms"] = time_graph(fn)
+        rows.append(row)
+        print(format_row(row), flush=True)
+    del q, w13, w2, tiny
+    torch.cuda.empty_cache()
+    return rows
+
+
+KEYS = ["triton-w4a16", "triton-emulation", "grouped_mm-bf16", "tinygemm-loop"]
+
+
+def format_row(row: dict[str, object]) -> str:
+    fl = float(row["floor_ms"])  # type: ignore[arg-type]
+    cells = []
+    for key in KEYS:
+        for suffix, tag in (("_ms", ""), ("_graph_ms", " graph")):
+            v = row.get(key + suffix)
+            if isinstance(v, float):
+                cells.append(f"{key}{tag} {v:.3f} ({v / fl:.1f}x)")
+    return (f"{row['model']:16s} M={row['M']:5d} act={row['active']:3d} floor={fl:.3f}ms | "
+            + " | ".join(cells))
+
+
+def cell(row: dict[str, object], key: str) -> str:
+    v = row.get(key)
+    if not isinstance(v, float):
+        return "-"
+    return f"{v:.3f} ({v / float(row['floor_ms']):.2f}x)"  # type: ignore[arg-type]
+
+
+def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> str:
+    lines = [
+        "# Benchmark: one MoE layer, int4 W4A16 vs anchors",
+        "",
+        f"Date {meta['date']}; GPU {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}.",
+        f"Copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s (read + write), dense bf16 matmul "
+        f"{meta['bf16_flops'] / 1e12:.0f} TFLOP/s, both measured in this run.",
+        "",
+        "Uniform random routing, bf16 activations, symmetric int4 group 128 with bf16 scales.",
+        "Each cell: median ms (multiple of the floor). Floor = max(bytes / copy bandwidth,",
+        "FLOPs / bf16 rate); bytes = active experts' int4 weights + scales + activations.",
+        "Eager times include launch overhead; `graph` = CUDA-graph replay (M <= 64), L2",
+        "flushed before every timed run. Outputs checked against the float32 reference",
+        "(`relerr` columns in results.json) before timing.",
+        "",
+        "| model | M | active | floor ms | w4a16 | w4a16 graph | emulation | emulation graph "
+        "| grouped_mm bf16 | grouped_mm graph | tinygemm loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cols = ["triton-w4a16_ms", "triton-w4a16_graph_ms", "triton-emulation_ms",
+                "triton-emulation_graph_ms", "grouped_mm-bf16_ms", "grouped_mm-bf16_graph_ms",
+                "tinygemm-loop_ms"]
+        lines.append(f"| {row['model']} | {row['M']} | {row['active']} | "
+                     f"{float(row['floor_ms']):.3f} | "  # type: ignore[arg-type]
+                     + " | ".join(cell(row, c) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, object]], name: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mine = [r for r in rows if r["model"] == name]
+    ms = [r["M"] for r in mine]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(ms, [r["floor_ms"] for r in mine], "k--", label="floor")
+    for key in KEYS:
+        for suffix, style in (("_ms", "-o"), ("_graph_ms", ":s")):
+            pts = [(r["M"], r.get(key + suffix)) for r in mine]
+            pts = [(a, b) for a, b in pts if isinstance(b, float)]
+            if pts:
+                label = key + (" (graph)" if "graph" in suffix else "")
+                ax.plot(*zip(*pts, strict=True), style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens M")
+    ax.set_ylabel("ms per layer (median)")
+    ax.set_title(f"{name}: one MoE layer, int4 g128")
+    ax.legend(fontsize=7)
+    ax.grid(visible=True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    bw, rate = copy_bandwidth(), matmul_rate()
+    meta: dict[str, object] = {
+        "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__, "triton": triton.__version__,
+        "copy_bw": bw, "bf16_flops": rate,
+    }
+    print(f"copy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
+    rows: list[dict[str, object]] = []
+    for name in sys.argv[1:] or list(MODELS):
+        rows += bench_model(name, bw, rate)
+    (HERE / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (HERE / "RESULTS.md").write_text(write_markdown(meta, rows))
+    for name in sorted({str(r["model"]) for r in rows}):
+        plot(rows, name, HERE / f"{name}.png")
+    out = os.environ.get("OUT")
+    if out:
+        for p in [HERE / "results.json", HERE / "RESULTS.md", *HERE.glob("*.png")]:
+            shutil.copy(p, out)
+
+
+if __name__ == "__main__":
+    main()
