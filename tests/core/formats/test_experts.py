@@ -77,9 +77,7 @@ def test_mixed_symmetric_and_asymmetric_experts_fill_the_implicit_eight(
     weights = assemble_per_expert(gate, up, down)
     assert weights.scheme.mapping is Int4Mapping.ASYMMETRIC
     assert weights.w2_zero_point is not None
-    assert bool(
-        (weights.w2_zero_point == 8).all()
-    )
+    assert bool((weights.w2_zero_point == 8).all())
     w13, _ = dequantize_expert_weights(weights)
     torch.testing.assert_close(
         w13[0, :F], dequantize_projection(gate[0], torch.float32), **EXACT
