@@ -6,7 +6,9 @@
 May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` experts.
 """
 
-from typing import TYPE_CHECKING, Any
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -206,6 +208,52 @@ class Int4MoE(nn.Module):
             backend=backend,
             gate_weight=None if gate_weight is None else gate_weight.to(dtype),
             e_score_correction_bias=e_score_correction_bias,
+        )
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        source: "str | os.PathLike[str] | Mapping[str, torch.Tensor]",
+        *,
+        prefix: str,
+        config: MoEConfig,
+        format: Literal["auto", "gptq", "awq", "compressed-tensors"] = "auto",
+        quantization_config: Mapping[str, object] | None = None,
+        backend: str = "auto",
+        device: torch.device | str = "cpu",
+    ) -> "Int4MoE":
+        """Read one MoE layer from GPTQ, AWQ or compressed-tensors files or a state dict.
+
+        Args:
+            source: a safetensors file, a folder of shards (with or without
+                ``model.safetensors.index.json``), or an in-memory state dict.
+            prefix: the layer's tensor-name prefix, e.g.
+                ``model.layers.0.block_sparse_moe``.
+            config: layer configuration; sizes must match the checkpoint.
+            format: `auto` detects it from ``quantization_config`` and tensor names.
+            quantization_config: the model's ``quantization_config``; read from the
+                ``config.json`` beside the files when not given.
+            backend: `auto` or a registered backend name.
+            device: where the tensors are loaded.
+
+        Raises:
+            ConfigError: on a format mismatch or missing / unexpected tensors (named).
+
+        See ``modules.checkpoint.load_experts``; only this layer's tensors are read.
+        """
+        from modules.checkpoint import (
+            from_checkpoint,
+        )  # modules.checkpoint imports this module
+
+        return from_checkpoint(
+            source,
+            prefix=prefix,
+            config=config,
+            format=format,
+            quantization_config=quantization_config,
+            backend=backend,
+            device=device,
+            module_cls=cls,
         )
 
     def _adopt(

@@ -220,6 +220,11 @@ def test_single_file_and_module_forward(
     moe = from_checkpoint(
         tmp_path / "model.safetensors", prefix=PREFIX, config=CFG, backend="reference"
     )
+    via_class = Int4MoE.from_checkpoint(
+        tmp_path / "model.safetensors", prefix=PREFIX, config=CFG, backend="reference"
+    )
+    for name, tensor in moe.state_dict().items():
+        torch.testing.assert_close(via_class.state_dict()[name], tensor, **EXACT)
     direct = Int4MoE.from_quantized(
         w, config=CFG, backend="reference", gate_weight=gate
     )
