@@ -11,8 +11,8 @@ Blocked algorithm of ``_moe_gemm_kernel`` (grid: row blocks x column tiles x K s
     pairs = sorted_pairs[b*BLOCK_M : (b+1)*BLOCK_M]   # first block_rows[b] are valid
     for k in the K range of split s, step BLOCK_K:
         a = A[pairs // A_DIV, k : k+BLOCK_K]
-        lo, hi = dequant(qdata[e, n, k/2] low / high nibbles, zero)   # registers
-        acc += (a[:, even k] @ lo.T + a[:, odd k] @ hi.T) * scale[e, n, k/G]
+        w = dequant(qdata[e, n, k/2], scale[e, n, k/G], zero[e, n, k/G])  # registers
+        acc += a @ w.T                                 # (and acc_up for the gated GEMM)
     gated:   C[pairs, n] = act(acc) * acc_up           # w13 GEMM with the activation
     else:    C[s, pairs, n] = acc                      # w2 GEMM, partial per K split
 """
@@ -87,7 +87,7 @@ def _align_blocks_kernel(
 
 
 @triton.jit
-def _int4_halves(
+def _load_weight_tile(
     b_ptr,
     scale_ptr,
     zero_ptr,
@@ -98,86 +98,51 @@ def _int4_halves(
     stride_bn,
     stride_sn,
     GROUP: tl.constexpr,
+    INT4: tl.constexpr,
     HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     CT: tl.constexpr,
-    MAGIC: tl.constexpr,
-    MAGIC_BITS: tl.constexpr,
 ):
-    """Dequantized ``(BLOCK_N, BLOCK_K/2)`` tiles of the even-k (low nibble) and odd-k
-    (high nibble) weights, and the scale.
+    """A ``(BLOCK_N, BLOCK_K)`` weight tile in dtype ``CT`` (dequantized if ``INT4``).
 
-    Splitting by nibble avoids interleaving registers: the caller dots the even and odd
-    columns of A with each half. When a tile lies in one group (``BLOCK_K <= GROUP``)
-    the halves hold ``q - z`` (exact) and the ``(BLOCK_N, 1)`` scale is applied after
-    the dot; otherwise the halves are scaled here. On the GPU, ``q | MAGIC_BITS``
-    reinterpreted as a 16-bit float is ``MAGIC + q`` (no int-to-float conversion).
+    ``b_ptr``, ``scale_ptr`` and ``zero_ptr`` already point at the expert. Int4 bytes
+    hold element ``2j`` in the low nibble and ``2j+1`` in the high nibble.
     """
     rows = offs_n.to(tl.int64)[:, None]
-    offs_p = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    mask = n_mask[:, None] & (offs_p[None, :] < K // 2)
-    packed = tl.load(b_ptr + rows * stride_bn + offs_p[None, :], mask=mask, other=0)
-    packed = packed.to(tl.int32)
-    if BLOCK_K <= GROUP:
-        g_off = rows * stride_sn + k0 // GROUP
-        g_mask = n_mask[:, None]
+    if INT4:
+        offs_p = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        mask = n_mask[:, None] & (offs_p[None, :] < K // 2)
+        packed = tl.load(b_ptr + rows * stride_bn + offs_p[None, :], mask=mask, other=0)
+        lo = (packed & 0xF).to(tl.int32)
+        hi = (packed >> 4).to(tl.int32)
+        q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(CT)
+        if BLOCK_K <= GROUP:
+            g_ptr = rows * stride_sn + k0 // GROUP
+            s = tl.load(scale_ptr + g_ptr, mask=n_mask[:, None], other=0).to(CT)
+            if HAS_ZP:
+                z = tl.load(zero_ptr + g_ptr, mask=n_mask[:, None], other=0).to(CT)
+            else:
+                z = 8.0
+            w = (q - z) * s
+        else:
+            NG: tl.constexpr = BLOCK_K // GROUP
+            offs_g = k0 // GROUP + tl.arange(0, NG)
+            g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
+            g_ptr = rows * stride_sn + offs_g[None, :]
+            s = tl.load(scale_ptr + g_ptr, mask=g_mask, other=0).to(CT)
+            q3 = tl.reshape(q, (BLOCK_N, NG, GROUP))
+            if HAS_ZP:
+                z = tl.load(zero_ptr + g_ptr, mask=g_mask, other=0).to(CT)
+                q3 = q3 - z[:, :, None]
+            else:
+                q3 = q3 - 8.0
+            w = tl.reshape(q3 * s[:, :, None], (BLOCK_N, BLOCK_K))
     else:
-        g_off = rows * stride_sn + (2 * offs_p[None, :]) // GROUP
-        g_mask = mask
-    if HAS_ZP:
-        z = tl.load(zero_ptr + g_off, mask=g_mask, other=0).to(tl.float32)
-    else:
-        z = tl.zeros(g_off.shape, dtype=tl.float32) + 8.0
-    bias = (z + MAGIC).to(CT)
-    if MAGIC > 0:
-        lo = ((packed & 0xF) | MAGIC_BITS).to(tl.int16).to(CT, bitcast=True) - bias
-        hi = ((packed >> 4) | MAGIC_BITS).to(tl.int16).to(CT, bitcast=True) - bias
-    else:
-        lo = (packed & 0xF).to(CT) - bias
-        hi = (packed >> 4).to(CT) - bias
-    s = tl.load(scale_ptr + g_off, mask=g_mask, other=0).to(CT)
-    if BLOCK_K > GROUP:
-        lo = lo * s
-        hi = hi * s
-    return lo, hi, s
-
-
-@triton.jit
-def _dot_int4(
-    a_even, a_odd, lo, hi, s, acc, BLOCK_K: tl.constexpr, GROUP: tl.constexpr
-):
-    """``acc + a @ w.T`` from the nibble halves of ``_int4_halves``."""
-    if BLOCK_K <= GROUP:
-        part = tl.dot(a_even, tl.trans(lo))
-        part = tl.dot(a_odd, tl.trans(hi), part)
-        acc += part * tl.trans(s).to(tl.float32)
-    else:
-        acc = tl.dot(a_even, tl.trans(lo), acc)
-        acc = tl.dot(a_odd, tl.trans(hi), acc)
-    return acc
-
-
-@triton.jit
-def _dense_step(
-    a_ptrs,
-    a_mask,
-    b_ptr,
-    offs_n,
-    n_mask,
-    k0,
-    K,
-    stride_bn,
-    acc,
-    BLOCK_K: tl.constexpr,
-    CT: tl.constexpr,
-):
-    """``acc + a @ w.T`` for 16-bit weights ``(BLOCK_N, BLOCK_K)``."""
-    a = tl.load(a_ptrs, mask=a_mask, other=0).to(CT)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    mask = n_mask[:, None] & (offs_k[None, :] < K)
-    rows = offs_n.to(tl.int64)[:, None]
-    w = tl.load(b_ptr + rows * stride_bn + offs_k[None, :], mask=mask, other=0).to(CT)
-    return tl.dot(a, tl.trans(w), acc)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask = n_mask[:, None] & (offs_k[None, :] < K)
+        w = tl.load(b_ptr + rows * stride_bn + offs_k[None, :], mask=mask, other=0)
+    return w.to(CT)
 
 
 @triton.jit
@@ -233,8 +198,6 @@ def _moe_gemm_kernel(
     ACT: tl.constexpr,
     WEIGHT_ROWS: tl.constexpr,
     CT: tl.constexpr,
-    MAGIC: tl.constexpr,
-    MAGIC_BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -268,70 +231,49 @@ def _moe_gemm_kernel(
     k_start = pid_s * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in range(k_start, k_end, BLOCK_K):
-        if INT4:
-            offs_h = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            h_mask = m_mask[:, None] & (2 * offs_h[None, :] < k_end)
-            a_even_ptrs = a_ptr + a_rows[:, None] * stride_am + 2 * offs_h[None, :]
-            a_even = tl.load(a_even_ptrs, mask=h_mask, other=0).to(CT)
-            a_odd = tl.load(a_even_ptrs + 1, mask=h_mask, other=0).to(CT)
-            lo, hi, s = _int4_halves(
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0
+        )
+        a = a.to(CT)
+        w = _load_weight_tile(
+            b_e,
+            s_e,
+            z_e,
+            offs_n,
+            n_mask,
+            k0,
+            K,
+            stride_bn,
+            stride_sn,
+            GROUP,
+            INT4,
+            HAS_ZP,
+            BLOCK_N,
+            BLOCK_K,
+            CT,
+        )
+        acc = tl.dot(a, tl.trans(w), acc)
+        if GATED:
+            w_up = _load_weight_tile(
                 b_e,
                 s_e,
                 z_e,
-                offs_n,
+                offs_n + N,
                 n_mask,
                 k0,
                 K,
                 stride_bn,
                 stride_sn,
                 GROUP,
+                INT4,
                 HAS_ZP,
+                BLOCK_N,
                 BLOCK_K,
                 CT,
-                MAGIC,
-                MAGIC_BITS,
             )
-            acc = _dot_int4(a_even, a_odd, lo, hi, s, acc, BLOCK_K, GROUP)
-            if GATED:
-                lo, hi, s = _int4_halves(
-                    b_e,
-                    s_e,
-                    z_e,
-                    offs_n + N,
-                    n_mask,
-                    k0,
-                    K,
-                    stride_bn,
-                    stride_sn,
-                    GROUP,
-                    HAS_ZP,
-                    BLOCK_K,
-                    CT,
-                    MAGIC,
-                    MAGIC_BITS,
-                )
-                acc_up = _dot_int4(a_even, a_odd, lo, hi, s, acc_up, BLOCK_K, GROUP)
-        else:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
-            a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
-            acc = _dense_step(
-                a_ptrs, a_mask, b_e, offs_n, n_mask, k0, K, stride_bn, acc, BLOCK_K, CT
-            )
-            if GATED:
-                acc_up = _dense_step(
-                    a_ptrs,
-                    a_mask,
-                    b_e,
-                    offs_n + N,
-                    n_mask,
-                    k0,
-                    K,
-                    stride_bn,
-                    acc_up,
-                    BLOCK_K,
-                    CT,
-                )
+            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
     if WEIGHT_ROWS:
         rw = tl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
         acc = acc * rw[:, None]

@@ -55,17 +55,6 @@ def _operand_dtype(dtype: torch.dtype) -> object:
     return tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
 
 
-def _magic(dtype: torch.dtype) -> tuple[int, int]:
-    """``(M, bits)``: a 16-bit float with bits ``bits | q`` equals ``M + q`` for q < 16.
-
-    bf16 128.0 is ``0x4300`` (ulp 1), fp16 1024.0 is ``0x6400`` (ulp 1); ``(0, 0)`` in
-    the interpreter, which converts the codes to float32 instead.
-    """
-    if is_interpreting():
-        return 0, 0
-    return (128, 0x4300) if dtype == torch.bfloat16 else (1024, 0x6400)
-
-
 def _buffer_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype of the intermediate buffers: ``dtype``, float32 in the interpreter.
 
@@ -99,7 +88,6 @@ def _launch_gemm(
     scale = b.scale if b.scale is not None else b.data
     zero = b.zero_point if b.zero_point is not None else scale
     grid = (align.max_blocks, triton.cdiv(n, tiles.block_n), tiles.split_k)
-    magic, magic_bits = _magic(a_MK.dtype)
     _moe_gemm_kernel[grid](
         a_MK,
         b.data,
@@ -130,8 +118,6 @@ def _launch_gemm(
         ACT=_ACTIVATION_CODE[config.activation],
         WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
         CT=_operand_dtype(a_MK.dtype),
-        MAGIC=magic,
-        MAGIC_BITS=magic_bits,
         BLOCK_M=align.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,

@@ -5,6 +5,7 @@ Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K
 """
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -219,10 +220,15 @@ def test_forward_makes_no_host_sync(name: str, tokens: int) -> None:
     backend.apply(hidden_TD, prepared, routing)  # compile first
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode(2)  # 2 = "error": any synchronizing call raises
     try:
+        with warnings.catch_warnings():
+            # torch warns that the sync debug mode is a prototype (filterwarnings=error)
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")  # any synchronizing call raises
         out = backend.apply(hidden_TD, prepared, routing)
     finally:
-        torch.cuda.set_sync_debug_mode(previous)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode(previous)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
