@@ -160,7 +160,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
     parser.add_argument("--json", default="")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument("--threads", type=int, default=0, help="0: torch's default")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     config = QWEN3_30B_A3B
     weights = make_weights(config, SCHEME, generator)
