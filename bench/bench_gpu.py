@@ -6,6 +6,10 @@ Writes bench/RESULTS.md, bench/results.json and bench/<model>.png (and copies to
 Shape legend: ``T`` tokens (M), ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
 
+# ruff: noqa: B023, D103, D205, F821, ICN001, T201, TID253
+# A GPU script, not library code: print is its output, triton is needed at import, and
+# each lambda is timed inside the loop iteration that defines it.
+
 import datetime
 import json
 import os
@@ -20,13 +24,13 @@ import triton.testing as tt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.triton._launch import ExpertMatrix, fused_moe  # noqa: E402
-from core.config import MoEConfig  # noqa: E402
-from core.quantize import dequantize_expert_weights  # noqa: E402
-from core.reference import moe_forward_reference  # noqa: E402
-from core.routing import Routing  # noqa: E402
-from core.scheme import INT4_SYM_G128  # noqa: E402
-from core.weights import QuantizedExpertWeights  # noqa: E402
+from backends.triton._launch import ExpertMatrix, fused_moe
+from core.config import MoEConfig
+from core.quantize import dequantize_expert_weights
+from core.reference import moe_forward_reference
+from core.routing import Routing
+from core.scheme import INT4_SYM_G128
+from core.weights import QuantizedExpertWeights
 
 MODELS = {  # name: (E, top_k, D, F)
     "mixtral-8x7b": (8, 2, 4096, 14336),
@@ -65,8 +69,12 @@ def random_int4(e: int, d: int, f: int) -> QuantizedExpertWeights:
         return (s / (4 * k**0.5)).to(torch.bfloat16)
 
     return QuantizedExpertWeights(
-        w13_qdata=codes(e, 2 * f, d // 2), w13_scale=scales(2 * f, d), w13_zero_point=None,
-        w2_qdata=codes(e, d, f // 2), w2_scale=scales(d, f), w2_zero_point=None,
+        w13_qdata=codes(e, 2 * f, d // 2),
+        w13_scale=scales(2 * f, d),
+        w13_zero_point=None,
+        w2_qdata=codes(e, d, f // 2),
+        w2_scale=scales(d, f),
+        w2_zero_point=None,
         scheme=INT4_SYM_G128,
     )
 
@@ -84,13 +92,18 @@ def grouped_mm_anchor(x, w13t, w2t, routing: Routing):  # type: ignore[no-untype
     order = flat.argsort()
     tok = order // k
     counts = torch.zeros(e, dtype=torch.int32, device=x.device).scatter_add_(
-        0, flat, torch.ones_like(flat, dtype=torch.int32))
+        0, flat, torch.ones_like(flat, dtype=torch.int32)
+    )
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     h = torch._grouped_mm(x[tok], w13t, offs=offs)
     g, u = h.chunk(2, dim=-1)
-    y = torch._grouped_mm((torch.nn.functional.silu(g) * u).contiguous(), w2t, offs=offs)
+    y = torch._grouped_mm(
+        (torch.nn.functional.silu(g) * u).contiguous(), w2t, offs=offs
+    )
     out = torch.zeros_like(x)
-    out.index_add_(0, tok, (y * routing.topk_weights.flatten()[order, None]).to(x.dtype))
+    out.index_add_(
+        0, tok, (y * routing.topk_weights.flatten()[order, None]).to(x.dtype)
+    )
     return out
 
 
@@ -98,7 +111,9 @@ def tinygemm_pack(qdata, scale):  # type: ignore[no-untyped-def]
     """Canonical sym int4 (N, K/2) -> tinygemm packed weight and scales_and_zeros."""
     n, half = qdata.shape
     q = torch.stack([qdata & 15, qdata >> 4], -1).reshape(n, 2 * half).to(torch.int32)
-    packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+    packed = torch._convert_weight_to_int4pack(
+        (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8
+    )
     s = scale.float()  # tinygemm: (q - 8) * scale + zero, zero = 0 for symmetric
     sz = torch.stack([s, torch.zeros_like(s)], -1).transpose(0, 1).contiguous()
     return packed, sz.to(torch.bfloat16)
@@ -114,13 +129,17 @@ def tinygemm_loop(x, packs13, packs2, routing: Routing):  # type: ignore[no-unty
     for ex, c in enumerate(counts):
         if c == 0:
             continue
-        sel = order[start:start + c]
+        sel = order[start : start + c]
         t = sel // k
         start += c
         h = torch._weight_int4pack_mm(x[t], *packs13[ex][:1], GROUP, packs13[ex][1])
         g, u = h.chunk(2, dim=-1)
-        y = torch._weight_int4pack_mm((torch.nn.functional.silu(g) * u).contiguous(),
-                                      packs2[ex][0], GROUP, packs2[ex][1])
+        y = torch._weight_int4pack_mm(
+            (torch.nn.functional.silu(g) * u).contiguous(),
+            packs2[ex][0],
+            GROUP,
+            packs2[ex][1],
+        )
         out.index_add_(0, t, y * routing.topk_weights.flatten()[sel, None].to(y.dtype))
     return out
 
@@ -153,7 +172,9 @@ def time_graph(fn: Callable[[], object], reps: int = 50) -> float | None:
     return times[len(times) // 2]
 
 
-def floor_ms(m: int, active: int, e: int, k: int, d: int, f: int, bw: float, rate: float) -> float:
+def floor_ms(
+    m: int, active: int, e: int, k: int, d: int, f: int, bw: float, rate: float
+) -> float:
     wbytes = active * 3 * f * d * (0.5 + 2 / GROUP)
     abytes = m * d * 2 * 2 + m * k * 3 * f * 2 * 2
     return max((wbytes + abytes) / bw, 2 * m * k * 3 * f * d / rate) * 1e3
@@ -174,15 +195,22 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
     w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
     tiny = None
     if e <= 128:
-        tiny = ([tinygemm_pack(q.w13_qdata[i], q.w13_scale[i]) for i in range(e)],
-                [tinygemm_pack(q.w2_qdata[i], q.w2_scale[i]) for i in range(e)])
+        tiny = (
+            [tinygemm_pack(q.w13_qdata[i], q.w13_scale[i]) for i in range(e)],
+            [tinygemm_pack(q.w2_qdata[i], q.w2_scale[i]) for i in range(e)],
+        )
     rows = []
     for m in MS:
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
         active = int(torch.unique(r.topk_ids).numel())
         fl = floor_ms(m, active, e, k, d, f, bw, rate)
-        row: dict[str, object] = {"model": name, "M": m, "active": active, "floor_ms": fl}
+        row: dict[str, object] = {
+            "model": name,
+            "M": m,
+            "active": active,
+            "floor_ms": fl,
+        }
         fns: dict[str, Callable[[], torch.Tensor]] = {
             "triton-w4a16": lambda: fused_moe(x, w13m, w2m, r, config),
             "triton-emulation": lambda: fused_moe(x, d13, d2, r, config),
@@ -214,8 +242,10 @@ def format_row(row: dict[str, object]) -> str:
             v = row.get(key + suffix)
             if isinstance(v, float):
                 cells.append(f"{key}{tag} {v:.3f} ({v / fl:.1f}x)")
-    return (f"{row['model']:16s} M={row['M']:5d} act={row['active']:3d} floor={fl:.3f}ms | "
-            + " | ".join(cells))
+    return (
+        f"{row['model']:16s} M={row['M']:5d} act={row['active']:3d} floor={fl:.3f}ms | "
+        + " | ".join(cells)
+    )
 
 
 def cell(row: dict[str, object], key: str) -> str:
@@ -245,12 +275,21 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        cols = ["triton-w4a16_ms", "triton-w4a16_graph_ms", "triton-emulation_ms",
-                "triton-emulation_graph_ms", "grouped_mm-bf16_ms", "grouped_mm-bf16_graph_ms",
-                "tinygemm-loop_ms"]
-        lines.append(f"| {row['model']} | {row['M']} | {row['active']} | "
-                     f"{float(row['floor_ms']):.3f} | "  # type: ignore[arg-type]
-                     + " | ".join(cell(row, c) for c in cols) + " |")
+        cols = [
+            "triton-w4a16_ms",
+            "triton-w4a16_graph_ms",
+            "triton-emulation_ms",
+            "triton-emulation_graph_ms",
+            "grouped_mm-bf16_ms",
+            "grouped_mm-bf16_graph_ms",
+            "tinygemm-loop_ms",
+        ]
+        lines.append(
+            f"| {row['model']} | {row['M']} | {row['active']} | "
+            f"{float(row['floor_ms']):.3f} | "  # type: ignore[arg-type]
+            + " | ".join(cell(row, c) for c in cols)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -287,15 +326,20 @@ def main() -> None:
     torch.manual_seed(0)
     bw, rate = copy_bandwidth(), matmul_rate()
     meta: dict[str, object] = {
-        "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__, "triton": triton.__version__,
-        "copy_bw": bw, "bf16_flops": rate,
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bw": bw,
+        "bf16_flops": rate,
     }
     print(f"copy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
     rows: list[dict[str, object]] = []
     for name in sys.argv[1:] or list(MODELS):
         rows += bench_model(name, bw, rate)
-    (HERE / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (HERE / "results.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=1)
+    )
     (HERE / "RESULTS.md").write_text(write_markdown(meta, rows))
     for name in sorted({str(r["model"]) for r in rows}):
         plot(rows, name, HERE / f"{name}.png")
