@@ -1,8 +1,9 @@
 """Tile configurations of the fused-MoE GEMMs, per shape class, and how they were chosen.
 
-Imports only stdlib and attrs. ``DECODE_*`` and ``PREFILL_*`` were picked from
-measurements on one NVIDIA H200 (torch 2.11, triton 3.6): see bench/TUNING.md for the
-sweep and the numbers. ``INTERPRETER`` keeps CPU tests small and fast.
+Imports only stdlib and attrs. Tuned on one NVIDIA H200 (torch 2.11, triton 3.6); see
+bench/TUNING.md for what was measured (the sweep ran on an earlier dequant variant, so
+this is the initial table, validated by bench/RESULTS.md). ``INTERPRETER`` keeps CPU
+tests small and fast.
 """
 
 from typing import Final
