@@ -33,7 +33,8 @@ KERNEL_GROUP_SIZES: Final = (32, 64, 128, 256)
 ROW_MULTIPLE: Final = 16
 """Output rows of each packed weight must be a multiple of this (the packer's check)."""
 ACTIVATION_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
-"""All three run natively; only bf16 has a vectorized (AVX2/AVX-512) kernel in torch."""
+"""All three run natively. On torch 2.13 only bf16 is fast: fp16 and fp32 took 50-170x
+longer per GEMM here (bench/RESULTS_CPU.md), so they are supported but not fast."""
 _SYM_OFFSET: Final = 8
 # innerKTiles matters only to the CUDA packer; the CPU packer ignores it (the bytes are
 # identical for 1, 2, 4 and 8 on torch 2.13), so any valid value will do.
