@@ -1,6 +1,7 @@
 """Backends run the expert math behind one Protocol; see ``backends.base``."""
 
 from backends.base import (
+    BackendWarning as BackendWarning,
     DeviceInfo as DeviceInfo,
     MoEBackend as MoEBackend,
     PreparedExperts as PreparedExperts,

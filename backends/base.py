@@ -18,22 +18,34 @@ from core.weights import QuantizedExpertWeights
 DeviceType = Literal["cpu", "cuda", "xpu", "other"]
 
 
+class BackendWarning(UserWarning):
+    """Base of the warnings backends give about a documented, deliberate trade-off.
+
+    For example ``triton-emulation`` holding 16-bit weights; filter this class to
+    silence them all.
+    """
+
+
 @attrs.frozen(kw_only=True)
 class Support:
     """A backend's answer to "can you run this?", with the reason when it cannot.
 
     Attributes:
         ok: whether the backend supports the request.
-        reason: why not (empty when ``ok``).
+        reason: why not (empty when ``ok``), or why it is ``explicit_only``.
+        explicit_only: supported, but ``select_backend(prefer="auto")`` passes it by:
+            it runs only when asked for by name (a Triton kernel in Triton's CPU
+            interpreter, which is a testing tool, is the case in point).
     """
 
     ok: bool
     reason: str = ""
+    explicit_only: bool = False
 
     @classmethod
-    def yes(cls) -> "Support":
-        """Supported."""
-        return cls(ok=True)
+    def yes(cls, *, explicit_only: bool = False, reason: str = "") -> "Support":
+        """Supported (by name only when ``explicit_only``, because ``reason``)."""
+        return cls(ok=True, explicit_only=explicit_only, reason=reason)
 
     @classmethod
     def no(cls, reason: str) -> "Support":

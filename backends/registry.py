@@ -159,7 +159,7 @@ def select_backend(
     for name in names:
         backend = create_backend(name)
         support = backend.supports(config, scheme, layout, device, dtype=dtype)
-        if support.ok:
+        if support.ok and not (support.explicit_only and prefer == "auto"):
             return backend
         logger.debug("backend %s refused: %s", name, support.reason)
         reasons.append(f"{name}: {support.reason}")

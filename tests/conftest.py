@@ -1,9 +1,16 @@
 """Shared fixtures: a seeded generator, device markers that auto-skip, registry snapshot."""
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+# Without CUDA, Triton kernels run in Triton's CPU interpreter for the whole session. It
+# is set here, before any test module imports a kernel, so every test file (the
+# conformance matrix included) sees the same backends whatever the collection order.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from backends.registry import restore_registry, snapshot_registry
 

@@ -12,7 +12,13 @@ from typing import final
 import attrs
 import torch
 
-from backends.base import DeviceInfo, PreparedExperts, Support, check_prepared
+from backends.base import (
+    BackendWarning,
+    DeviceInfo,
+    PreparedExperts,
+    Support,
+    check_prepared,
+)
 from backends.triton._launch import ExpertMatrix, fused_moe, is_interpreting
 from core.config import MoEConfig
 from core.errors import DTypeError
@@ -31,9 +37,11 @@ def _common_support(
     """Refusals shared by both Triton backends (device, dtype, layout, package)."""
     if importlib.util.find_spec("triton") is None:
         return Support.no("triton is not installed")
-    if device.type != "cuda" and not (device.type == "cpu" and is_interpreting()):
+    on_cpu = device.type == "cpu" and is_interpreting()
+    if device.type not in ("cuda", "xpu") and not on_cpu:
         return Support.no(
-            f"device must be `cuda` (or `cpu` with TRITON_INTERPRET=1), got {device.type!r}"
+            "device must be `cuda` or `xpu` (or `cpu` with TRITON_INTERPRET=1), "
+            f"got {device.type!r}"
         )
     if dtype not in _DTYPES:
         return Support.no(
@@ -41,6 +49,11 @@ def _common_support(
         )
     if layout != CANONICAL_LAYOUT:
         return Support.no(f"layout must be the canonical layout, got {layout}")
+    if on_cpu:
+        return Support.yes(
+            explicit_only=True,
+            reason="runs in Triton's CPU interpreter (a testing tool): by name only",
+        )
     return Support.yes()
 
 
@@ -93,7 +106,7 @@ class TritonW4A16Backend:
         *,
         dtype: torch.dtype,
     ) -> Support:
-        """CUDA (or the CPU interpreter), bf16/fp16, canonical layout."""
+        """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
         del config, scheme
         return _common_support(layout, device, dtype)
 
@@ -128,7 +141,7 @@ class TritonEmulationPrepared(PreparedExperts):
     w2_dense: torch.Tensor
 
 
-class EmulationMemoryWarning(UserWarning):
+class EmulationMemoryWarning(BackendWarning):
     """``triton-emulation`` holds 16-bit expert weights (4x the int4 memory)."""
 
 
@@ -160,7 +173,7 @@ class TritonEmulationBackend:
         *,
         dtype: torch.dtype,
     ) -> Support:
-        """CUDA (or the CPU interpreter), bf16/fp16, canonical layout."""
+        """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
         del config, scheme
         return _common_support(layout, device, dtype)
 

@@ -4,13 +4,14 @@ Ids read like ``cpu-int4-int4_asym_g32-T7_D128_F128_E8_K2-bf16-silu``. A backend
 refuses a case is skipped with its own reason (STYLE.md: tests skip with that reason).
 """
 
+import warnings
 from typing import Any
 
 import attrs
 import pytest
 import torch
 
-from backends import DeviceInfo, available_backends, create_backend
+from backends import BackendWarning, DeviceInfo, available_backends, create_backend
 from core.config import Activation, MoEConfig
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
@@ -68,7 +69,12 @@ def _run_case(
     if drop_experts:  # expert parallelism: experts held elsewhere arrive as -1
         ids = torch.where(routing.topk_ids % 3 == 0, -1, routing.topk_ids)
         routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
-    out = backend.apply(x, backend.prepare(weights, config, dtype=dtype), routing)
+    with warnings.catch_warnings():
+        # Documented trade-offs (triton-emulation's 16-bit memory) are not failures here;
+        # each backend's own tests check that its warning is given.
+        warnings.simplefilter("ignore", BackendWarning)
+        prepared = backend.prepare(weights, config, dtype=dtype)
+    out = backend.apply(x, prepared, routing)
     expected = moe_forward_reference(x, weights, routing, config)
     assert out.dtype == dtype
     assert out.shape == (tokens, d)

@@ -1,8 +1,7 @@
 """Triton backends on CPU through Triton's interpreter, tiny shapes, vs the oracle.
 
-``TRITON_INTERPRET=1`` is set here, before anything imports ``triton`` kernels (the
-kernels module is imported lazily on the first launch), and only where no CUDA device
-exists, so a GPU run of the suite keeps compiled kernels.
+``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` for the whole session where no CUDA
+device exists (before any kernel is imported), so a GPU run keeps compiled kernels.
 """
 
 import os
@@ -10,8 +9,9 @@ import os
 import pytest
 import torch
 
-from backends.base import DeviceInfo
+from backends.base import DeviceInfo, Support
 from backends.reference import ReferenceBackend
+from backends.registry import select_backend
 from backends.triton import (
     EmulationMemoryWarning,
     TritonEmulationBackend,
@@ -28,9 +28,6 @@ from core.routing import Routing, route_topk, sort_tokens_by_expert
 from core.scheme import Int4Mapping, Int4Scheme
 from core.weights import QuantizedExpertWeights
 from tests.tolerances import KERNEL_VS_ORACLE, REL_L2_VS_ORACLE, rel_l2
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -182,14 +179,33 @@ def test_supports_refusals(name: BackendName) -> None:
     )
     config, scheme = _config(), SCHEMES[0]
 
-    def ask(device: DeviceInfo, dtype: torch.dtype) -> str:
-        return backend.supports(
-            config, scheme, CANONICAL_LAYOUT, device, dtype=dtype
-        ).reason
+    def ask(device: DeviceInfo, dtype: torch.dtype) -> Support:
+        return backend.supports(config, scheme, CANONICAL_LAYOUT, device, dtype=dtype)
 
-    assert ask(DeviceInfo(type="cpu"), torch.bfloat16) == ""
-    assert "device must be `cuda`" in ask(DeviceInfo(type="xpu"), torch.bfloat16)
-    assert "dtype must be" in ask(DeviceInfo(type="cuda"), torch.float32)
+    on_cpu = ask(DeviceInfo(type="cpu"), torch.bfloat16)
+    assert on_cpu.ok
+    assert on_cpu.explicit_only  # `auto` never picks the interpreter
+    assert "interpreter" in on_cpu.reason
+    assert ask(DeviceInfo(type="cuda"), torch.bfloat16) == Support.yes()
+    assert ask(DeviceInfo(type="xpu"), torch.float16) == Support.yes()
+    assert (
+        "device must be `cuda` or `xpu`"
+        in ask(DeviceInfo(type="other"), torch.bfloat16).reason
+    )
+    assert "dtype must be" in ask(DeviceInfo(type="cuda"), torch.float32).reason
+    auto = select_backend(
+        config, scheme, CANONICAL_LAYOUT, DeviceInfo(type="cpu"), dtype=torch.bfloat16
+    )
+    assert not auto.name.startswith("triton")
+    by_name = select_backend(
+        config,
+        scheme,
+        CANONICAL_LAYOUT,
+        DeviceInfo(type="cpu"),
+        dtype=torch.bfloat16,
+        prefer=name,
+    )
+    assert by_name.name == name
 
 
 def test_emulation_refuses_packed_weights(generator: torch.Generator) -> None:
