@@ -22,6 +22,7 @@ from core.config import MoEConfig
 from core.errors import BackendUnavailableError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.packing import unpack_int4
+from core.reference import moe_forward_reference
 from core.routing import Routing, sort_tokens_by_expert
 from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -33,8 +34,12 @@ KERNEL_GROUP_SIZES: Final = (32, 64, 128, 256)
 ROW_MULTIPLE: Final = 16
 """Output rows of each packed weight must be a multiple of this (the packer's check)."""
 ACTIVATION_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
-"""All three run natively. On torch 2.13 only bf16 is fast: fp16 and fp32 took 50-170x
-longer per GEMM here (bench/RESULTS_CPU.md), so they are supported but not fast."""
+"""All three are supported. Only bf16 runs the int4 kernel: on torch 2.13 the kernel
+took 50-170x longer per GEMM for fp16 and fp32 (bench/RESULTS_CPU.md), 10-40x longer
+than dequantizing the expert and calling a float32 GEMM, so fp16 and fp32 run the
+reference's float32 math (``moe_forward_reference``: as accurate and as fast)."""
+KERNEL_DTYPE: Final = torch.bfloat16
+"""The one activation dtype that uses torch's int4 kernel."""
 _SYM_OFFSET: Final = 8
 # innerKTiles matters only to the CUDA packer; the CPU packer ignores it (the bytes are
 # identical for 1, 2, 4 and 8 on torch 2.13), so any valid value will do.
@@ -47,7 +52,8 @@ class CPUInt4Prepared(PreparedExperts):
     """The experts packed for torch's CPU int4 kernel (opaque, never serialized).
 
     Attributes:
-        w13_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(2F, D)`` codes.
+        w13_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(2F, D)`` codes;
+            ``None`` (like the other packed fields) unless ``dtype`` is bf16.
         w13_scale_and_zero: ``(E, G, 2F, 2)`` in ``dtype``.
         w13_group_size: the kernel group size along ``D`` (``-1`` resolved).
         w2_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(D, F)`` codes.
@@ -55,11 +61,11 @@ class CPUInt4Prepared(PreparedExperts):
         w2_group_size: the kernel group size along ``F``.
     """
 
-    w13_packed: torch.Tensor
-    w13_scale_and_zero: torch.Tensor
+    w13_packed: torch.Tensor | None
+    w13_scale_and_zero: torch.Tensor | None
     w13_group_size: int
-    w2_packed: torch.Tensor
-    w2_scale_and_zero: torch.Tensor
+    w2_packed: torch.Tensor | None
+    w2_scale_and_zero: torch.Tensor | None
     w2_group_size: int
 
 
@@ -194,19 +200,24 @@ class CPUInt4Backend:
             raise BackendUnavailableError(
                 f"cpu-int4 cannot prepare these weights: {reason}"
             )
+        packed = dtype == KERNEL_DTYPE
         return CPUInt4Prepared(
             weights=weights,
             config=config,
             dtype=dtype,
-            w13_packed=_pack_experts(weights.w13_qdata),
+            w13_packed=_pack_experts(weights.w13_qdata) if packed else None,
             w13_scale_and_zero=_scale_and_zero(
                 weights.w13_scale, weights.w13_zero_point, dtype
-            ),
+            )
+            if packed
+            else None,
             w13_group_size=weights.scheme.group_size_for(config.hidden_size),
-            w2_packed=_pack_experts(weights.w2_qdata),
+            w2_packed=_pack_experts(weights.w2_qdata) if packed else None,
             w2_scale_and_zero=_scale_and_zero(
                 weights.w2_scale, weights.w2_zero_point, dtype
-            ),
+            )
+            if packed
+            else None,
             w2_group_size=weights.scheme.group_size_for(config.intermediate_size),
         )
 
@@ -219,6 +230,10 @@ class CPUInt4Backend:
             ``(T, D)`` in the dtype of ``hidden_TD``.
         """
         ready = check_prepared(prepared, CPUInt4Prepared, self.name)
+        if ready.dtype != KERNEL_DTYPE:  # see ACTIVATION_DTYPES
+            return moe_forward_reference(
+                hidden_TD, ready.weights, routing, ready.config
+            )
         k = routing.top_k
         out_TD = torch.zeros(
             hidden_TD.shape[0], hidden_TD.shape[1], dtype=torch.float32
@@ -242,10 +257,22 @@ def _expert_forward(
     x_ND: torch.Tensor, ready: CPUInt4Prepared, expert: int, weight_N1: torch.Tensor
 ) -> torch.Tensor:
     """One expert on its routed rows: float32 ``(N, D)``, router weight applied."""
-    mm = getattr(torch.ops.aten, _MM_OP)
     on_input = ready.config.apply_router_weight_on_input
     if on_input:
-        x_ND = (x_ND.float() * weight_N1).to(ready.dtype)
+        x_ND = x_ND.float() * weight_N1
+    y_ND = _kernel_expert(x_ND.to(KERNEL_DTYPE), ready, expert)
+    return y_ND if on_input else y_ND * weight_N1
+
+
+def _kernel_expert(
+    x_ND: torch.Tensor, ready: CPUInt4Prepared, expert: int
+) -> torch.Tensor:
+    """One expert through torch's int4 kernel (bf16); float32 ``(N, D)`` out."""
+    assert ready.w13_packed is not None
+    assert ready.w13_scale_and_zero is not None
+    assert ready.w2_packed is not None
+    assert ready.w2_scale_and_zero is not None
+    mm = getattr(torch.ops.aten, _MM_OP)
     h_NH = mm(
         x_ND.contiguous(),
         ready.w13_packed[expert],
@@ -253,11 +280,19 @@ def _expert_forward(
         ready.w13_scale_and_zero[expert],
     )
     # The activation runs in float32 (cheap next to the GEMMs) and is rounded once.
-    a_NF = apply_activation(h_NH.float(), ready.config).to(ready.dtype)
+    h_NH = _add_bias(h_NH.float(), ready.weights.w13_bias, expert)
+    a_NF = apply_activation(h_NH, ready.config).to(KERNEL_DTYPE)
     y_ND: torch.Tensor = mm(
         a_NF,
         ready.w2_packed[expert],
         ready.w2_group_size,
         ready.w2_scale_and_zero[expert],
     ).float()
-    return y_ND if on_input else y_ND * weight_N1
+    return _add_bias(y_ND, ready.weights.w2_bias, expert)
+
+
+def _add_bias(
+    y: torch.Tensor, bias_E: torch.Tensor | None, expert: int
+) -> torch.Tensor:
+    """``y + bias[expert]`` in float32 (gpt-oss expert biases), or ``y``."""
+    return y if bias_E is None else y + bias_E[expert].float()

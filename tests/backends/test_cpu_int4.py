@@ -201,6 +201,8 @@ def test_prepare_twice_is_deterministic_and_pure(generator: torch.Generator) -> 
     backend = CPUInt4Backend()
     first = backend.prepare(weights, config, dtype=torch.bfloat16)
     second = backend.prepare(weights, config, dtype=torch.bfloat16)
+    assert first.w13_packed is not None
+    assert second.w13_packed is not None
     assert first.w13_packed.data_ptr() != second.w13_packed.data_ptr()
     out1 = backend.apply(hidden, first, routing)
     out2 = backend.apply(hidden, second, routing)
@@ -342,3 +344,19 @@ def test_module_saves_no_packed_form_and_repacks_after_load(
     torch.testing.assert_close(
         doubled, expected * 2, **KERNEL_VS_ORACLE[torch.bfloat16]
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_fp32_fp16_run_the_reference_math_and_pack_nothing(
+    dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    config = _make_config(4, 2, 128, 64)
+    scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=32)
+    weights = _make_weights(config, scheme, torch.bfloat16, generator)
+    hidden, routing = _make_inputs(config, 9, dtype, generator)
+    ready = CPUInt4Backend().prepare(weights, config, dtype=dtype)
+    assert ready.w13_packed is None
+    assert ready.w2_scale_and_zero is None
+    out = CPUInt4Backend().apply(hidden, ready, routing)
+    expected = moe_forward_reference(hidden, weights, routing, config)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
