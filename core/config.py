@@ -58,6 +58,8 @@ class MoEConfig:
             output (Llama-4 style; needs ``top_k == 1``).
         swiglu_alpha: ``alpha`` of `swigluoai`.
         swiglu_limit: clamp limit of `swigluoai`.
+        expert_bias: the experts carry biases, ``w13_bias (E, 2F)`` added to the w13
+            output and ``w2_bias (E, D)`` to the w2 output (gpt-oss).
     """
 
     num_experts: int = attrs.field(validator=_positive)
@@ -77,6 +79,7 @@ class MoEConfig:
     apply_router_weight_on_input: bool = attrs.field(default=False, validator=_is_bool)
     swiglu_alpha: float = attrs.field(default=1.702, validator=_positive_float)
     swiglu_limit: float = attrs.field(default=7.0, validator=_positive_float)
+    expert_bias: bool = attrs.field(default=False, validator=_is_bool)
 
     def __attrs_post_init__(self) -> None:
         if self.top_k > self.num_experts:

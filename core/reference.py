@@ -51,7 +51,12 @@ def moe_forward_reference(
         x_ND = x_TD[tokens]
         if config.apply_router_weight_on_input:
             x_ND = x_ND * weights_N[pairs, None]
-        y_ND = apply_activation(x_ND @ w13_HD.T, config) @ w2_DF.T
+        h_NH = x_ND @ w13_HD.T
+        if weights.w13_bias is not None:
+            h_NH = h_NH + weights.w13_bias[expert].float()
+        y_ND = apply_activation(h_NH, config) @ w2_DF.T
+        if weights.w2_bias is not None:
+            y_ND = y_ND + weights.w2_bias[expert].float()
         if not config.apply_router_weight_on_input:
             y_ND = y_ND * weights_N[pairs, None]
         out_TD.index_add_(0, tokens, y_ND)

@@ -113,7 +113,27 @@ def check_expert_weights(
             raise ShapeError(f"{name} must be {want} for {scheme.name}, got {got}")
         if zero is not None:
             _check_codes(name, zero, shape)
+    _check_biases(weights, config, num_experts=e)
     check_same_device(weights.tensors())
+
+
+def _check_biases(
+    weights: QuantizedExpertWeights, config: MoEConfig, *, num_experts: int
+) -> None:
+    shapes = {
+        "w13_bias": (weights.w13_bias, (num_experts, 2 * config.intermediate_size)),
+        "w2_bias": (weights.w2_bias, (num_experts, config.hidden_size)),
+    }
+    for name, (bias, shape) in shapes.items():
+        if config.expert_bias != (bias is not None):
+            want = "a tensor" if config.expert_bias else "None"
+            got = "None" if bias is None else "a tensor"
+            raise ShapeError(
+                f"{name} must be {want} with expert_bias={config.expert_bias}, got {got}"
+            )
+        if bias is not None:
+            check_activation_dtype(name, bias.dtype)
+            check_shape(name, bias, shape)
 
 
 def check_same_device(tensors: dict[str, torch.Tensor]) -> None:

@@ -36,6 +36,8 @@ class QuantizedExpertWeights:
         w2_scale: ``(E, D, F/G)``.
         w2_zero_point: uint8 ``(E, D, F/G)`` or ``None``.
         scheme: the int4 scheme all six tensors follow.
+        w13_bias: float ``(E, 2F)`` added to the w13 output, or ``None`` (gpt-oss).
+        w2_bias: float ``(E, D)`` added to the w2 output, or ``None``.
 
     Construct through ``core.validate.check_expert_weights`` at public boundaries; the
     container itself checks nothing, so hot paths stay cheap.
@@ -48,6 +50,8 @@ class QuantizedExpertWeights:
     w2_scale: torch.Tensor
     w2_zero_point: torch.Tensor | None
     scheme: Int4Scheme
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
@@ -93,6 +97,8 @@ class QuantizedExpertWeights:
             "w2_qdata": self.w2_qdata,
             "w2_scale": self.w2_scale,
             "w2_zero_point": self.w2_zero_point,
+            "w13_bias": self.w13_bias,
+            "w2_bias": self.w2_bias,
         }
         return {k: v for k, v in named.items() if v is not None}
 

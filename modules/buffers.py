@@ -30,6 +30,9 @@ def canonical_buffer_specs(
     if scheme.has_zero_point:
         specs["w13_zero_point"] = ((e, 2 * f, gd), torch.uint8)
         specs["w2_zero_point"] = ((e, d, gf), torch.uint8)
+    if config.expert_bias:
+        specs["w13_bias"] = ((e, 2 * f), dtype)
+        specs["w2_bias"] = ((e, d), dtype)
     return specs
 
 

@@ -81,6 +81,7 @@ def moe_config_from_hf(hf_config: Any) -> MoEConfig:
         routed_scaling_factor=float(_get(cfg, "routed_scaling_factor", default=1.0)),
         swiglu_alpha=float(_get(cfg, "swiglu_alpha", default=1.702)),
         swiglu_limit=float(_get(cfg, "swiglu_limit", default=7.0)),
+        expert_bias=model_type == "gpt_oss",  # gpt-oss experts always carry biases
     )
 
 
@@ -185,25 +186,29 @@ def float_experts(
     last dim and ``down_proj (E, F, D)``; the others store ``(E, 2F, D)`` (gate rows
     then up rows) and ``(E, D, F)``.
 
-    Raises:
-        ConfigError: for gpt-oss experts with nonzero biases (Int4MoE has no expert
-            biases yet).
     """
     experts = block.get_submodule("experts")
     gate_up, down = _param(experts, "gate_up_proj"), _param(experts, "down_proj")
     if model_type != "gpt_oss":
         return gate_up, down
-    for bias_name in ("gate_up_proj_bias", "down_proj_bias"):
-        bias = getattr(experts, bias_name, None)
-        if isinstance(bias, torch.Tensor) and bool(bias.detach().ne(0).any()):
-            raise ConfigError(
-                f"gpt-oss experts.{bias_name} must be zero to convert: Int4MoE has no "
-                "per-expert biases yet"
-            )
-    w13_EHD = torch.cat((gate_up[..., 0::2], gate_up[..., 1::2]), dim=-1).transpose(
-        1, 2
-    )
+    w13_EHD = _deinterleave(gate_up).transpose(1, 2)
     return w13_EHD.contiguous(), down.transpose(1, 2).contiguous()
+
+
+def _deinterleave(gate_up: torch.Tensor) -> torch.Tensor:
+    """gpt-oss gate/up interleaved along the last dim to gate half then up half."""
+    return torch.cat((gate_up[..., 0::2], gate_up[..., 1::2]), dim=-1)
+
+
+def float_expert_biases(
+    block: nn.Module, *, model_type: str
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """gpt-oss expert biases in canonical form, ``(E, 2F)`` and ``(E, D)``, else ``None``."""
+    if model_type != "gpt_oss":
+        return None, None
+    experts = block.get_submodule("experts")
+    gate_up = _param(experts, "gate_up_proj_bias")
+    return _deinterleave(gate_up).contiguous(), _param(experts, "down_proj_bias")
 
 
 def _int4_experts(
@@ -222,9 +227,12 @@ def _int4_experts(
     bias = bias.detach() if isinstance(bias, torch.Tensor) else None
     if checkpoint is None:
         w13, w2 = float_experts(block, model_type=model_type)
+        w13_bias, w2_bias = float_expert_biases(block, model_type=model_type)
         return Int4MoE.from_float(
             w13_weight=w13,
             w2_weight=w2,
+            w13_bias=w13_bias,
+            w2_bias=w2_bias,
             config=config,
             scheme=scheme,
             backend=backend,

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import torch
 from torch import nn
 
@@ -176,6 +177,8 @@ class Int4MoE(nn.Module):
         gate_weight: torch.Tensor | None = None,
         e_score_correction_bias: torch.Tensor | None = None,
         dtype: torch.dtype | None = None,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
     ) -> "Int4MoE":
         """Quantize float experts (round to nearest) and build the module.
 
@@ -189,6 +192,8 @@ class Int4MoE(nn.Module):
             e_score_correction_bias: optional ``(E,)`` DeepSeek-style selection bias.
             dtype: scale and activation dtype; defaults to ``w13_weight.dtype`` when that
                 is fp16 or bf16, else bf16.
+            w13_bias: ``(E, 2F)`` expert biases of w13 (needs ``config.expert_bias``).
+            w2_bias: ``(E, D)`` expert biases of w2 (needs ``config.expert_bias``).
 
         Raises:
             ShapeError: on wrong shapes or NaN/inf weights.
@@ -199,8 +204,10 @@ class Int4MoE(nn.Module):
             half = (torch.float16, torch.bfloat16)
             dtype = w13_weight.dtype if w13_weight.dtype in half else torch.bfloat16
         check_activation_dtype("dtype", dtype)
-        weights = quantize_expert_weights(
-            w13_weight, w2_weight, scheme, scale_dtype=dtype
+        weights = attrs.evolve(
+            quantize_expert_weights(w13_weight, w2_weight, scheme, scale_dtype=dtype),
+            w13_bias=None if w13_bias is None else w13_bias.to(dtype),
+            w2_bias=None if w2_bias is None else w2_bias.to(dtype),
         )
         return cls.from_quantized(
             weights,
@@ -292,6 +299,8 @@ class Int4MoE(nn.Module):
             w2_scale=self._buffer("w2_scale"),
             w2_zero_point=self._optional_buffer("w2_zero_point"),
             scheme=self.scheme,
+            w13_bias=self._optional_buffer("w13_bias"),
+            w2_bias=self._optional_buffer("w2_bias"),
         )
 
     def _buffer(self, name: str) -> torch.Tensor:

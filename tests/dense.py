@@ -56,12 +56,16 @@ def dense_moe_f64(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     config: MoEConfig,
+    *,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every token through every expert in float64, then masked by the routing.
 
     Args:
         x: ``(T, D)``; w13 ``(E, 2F, D)``; w2 ``(E, D, F)``, all converted to float64.
         topk_weights, topk_ids: ``(T, K)``; ids of ``-1`` contribute nothing.
+        w13_bias, w2_bias: optional ``(E, 2F)`` and ``(E, D)`` expert biases.
     """
     x64 = x.double()
     f = w13.shape[1] // 2
@@ -77,7 +81,11 @@ def dense_moe_f64(
             continue
         scale_in = combine[:, e : e + 1] if config.apply_router_weight_on_input else 1.0
         h = (x64 * scale_in) @ w13[e].double().T
+        if w13_bias is not None:
+            h = h + w13_bias[e].double()
         y = _act(h[:, :f], h[:, f:], config) @ w2[e].double().T
+        if w2_bias is not None:
+            y = y + w2_bias[e].double()
         if config.apply_router_weight_on_input:
             out += y * (combine[:, e : e + 1] != 0)
         else:

@@ -32,7 +32,10 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 @pytest.mark.parametrize("index", range(len(_quickstart_blocks())))
 def test_quickstart_runs(index: int) -> None:
-    exec(compile(_quickstart_blocks()[index], f"README.md quickstart {index}", "exec"), {})
+    exec(
+        compile(_quickstart_blocks()[index], f"README.md quickstart {index}", "exec"),
+        {},
+    )
 
 
 def test_quickstart_exists() -> None:

@@ -107,7 +107,11 @@ class TritonW4A16Backend:
         dtype: torch.dtype,
     ) -> Support:
         """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
-        del config, scheme
+        del scheme
+        if config.expert_bias:
+            return Support.no(
+                "expert biases (config.expert_bias, gpt-oss) are not in the Triton kernels yet"
+            )
         return _common_support(layout, device, dtype)
 
     def prepare(
@@ -174,7 +178,11 @@ class TritonEmulationBackend:
         dtype: torch.dtype,
     ) -> Support:
         """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
-        del config, scheme
+        del scheme
+        if config.expert_bias:
+            return Support.no(
+                "expert biases (config.expert_bias, gpt-oss) are not in the Triton kernels yet"
+            )
         return _common_support(layout, device, dtype)
 
     def prepare(

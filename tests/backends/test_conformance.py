@@ -24,6 +24,7 @@ from core.scheme import (
     INT4_SYM_G32,
     Int4Scheme,
 )
+from core.weights import QuantizedExpertWeights
 from tests.tolerances import EXACT, REL_L2_VS_ORACLE, rel_l2
 
 SCHEMES = [INT4_SYM_G32, INT4_ASYM_G32, INT4_SYM, INT4_ASYM_G128]
@@ -39,6 +40,20 @@ ACTIVATIONS: list[Activation] = ["silu", "gelu", "gelu_tanh", "swigluoai"]
 def _shape_id(shape: tuple[int, int, int, int, int]) -> str:
     t, d, f, e, k = shape
     return f"T{t}_D{d}_F{f}_E{e}_K{k}"
+
+
+def _with_biases(
+    config: MoEConfig, gen: torch.Generator, weights: QuantizedExpertWeights
+) -> QuantizedExpertWeights:
+    """Attach random expert biases when the config asks for them (gpt-oss)."""
+    if not config.expert_bias:
+        return weights
+    e, f, d = config.num_experts, config.intermediate_size, config.hidden_size
+    return attrs.evolve(
+        weights,
+        w13_bias=torch.randn(e, 2 * f, generator=gen).to(weights.scale_dtype),
+        w2_bias=torch.randn(e, d, generator=gen).to(weights.scale_dtype) * 0.1,
+    )
 
 
 def _run_case(
@@ -60,8 +75,15 @@ def _run_case(
     e, f, d = config.num_experts, config.intermediate_size, config.hidden_size
     w13 = torch.randn(e, 2 * f, d, generator=gen) / d**0.5
     w2 = torch.randn(e, d, f, generator=gen) / f**0.5
-    weights = quantize_expert_weights(
-        w13, w2, scheme, scale_dtype=dtype if dtype != torch.float32 else torch.bfloat16
+    weights = _with_biases(
+        config,
+        gen,
+        quantize_expert_weights(
+            w13,
+            w2,
+            scheme,
+            scale_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+        ),
     )
     before = {n: t.clone() for n, t in weights.tensors().items()}
     x = torch.randn(tokens, d, generator=gen).to(dtype)
@@ -106,6 +128,7 @@ ROUTING = [
     {"activation": "swigluoai"},
     {"top_k": 1, "apply_router_weight_on_input": True},
     {"renormalize": False, "routed_scaling_factor": 2.0},
+    {"activation": "swigluoai", "expert_bias": True},
 ]
 
 

@@ -133,3 +133,38 @@ def test_reference_ids_of_minus_one_contribute_zero(generator: torch.Generator) 
     expected = dense_moe_f64(x, w13, w2, tw, ids, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32] * 10
     torch.testing.assert_close(out[1], torch.zeros(64), rtol=0, atol=0)
+
+
+def test_reference_expert_biases(generator: torch.Generator) -> None:
+    config = MoEConfig(
+        num_experts=8,
+        top_k=2,
+        hidden_size=64,
+        intermediate_size=64,
+        activation="swigluoai",
+        expert_bias=True,
+    )
+    weights = attrs.evolve(
+        _weights(8, 64, 64, INT4_ASYM_G32, generator, torch.float32),
+        w13_bias=torch.randn(8, 128, generator=generator),
+        w2_bias=torch.randn(8, 64, generator=generator),
+    )
+    x = torch.randn(9, 64, generator=generator)
+    routing = route_topk(torch.randn(9, 8, generator=generator), config)
+    out = moe_forward_reference(x, weights, routing, config)
+    w13, w2 = _dense(weights)
+    expected = dense_moe_f64(
+        x,
+        w13,
+        w2,
+        routing.topk_weights,
+        routing.topk_ids,
+        config,
+        w13_bias=weights.w13_bias,
+        w2_bias=weights.w2_bias,
+    )
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32]
+    no_bias = moe_forward_reference(
+        x, attrs.evolve(weights, w13_bias=None, w2_bias=None), routing, config
+    )
+    assert rel_l2(expected, no_bias) > 0.05  # the biases matter in this case

@@ -142,9 +142,9 @@ def _build(name: str) -> PreTrainedModel:
             bias = getattr(module, "e_score_correction_bias", None)
             if isinstance(bias, torch.Tensor):  # make DeepSeek's selection bias matter
                 bias.copy_(torch.randn_like(bias) * 0.1)
-            for zeroed in ("gate_up_proj_bias", "down_proj_bias"):  # Int4MoE: no biases
-                if isinstance(getattr(module, zeroed, None), torch.Tensor):
-                    getattr(module, zeroed).zero_()
+            for name in ("gate_up_proj_bias", "down_proj_bias"):  # gpt-oss biases
+                if isinstance(getattr(module, name, None), torch.Tensor):
+                    getattr(module, name).copy_(torch.randn_like(getattr(module, name)))
     return model
 
 
@@ -265,14 +265,22 @@ def test_moe_config_carries_routing_semantics() -> None:
         moe_config_from_hf(cfg)
 
 
-def test_gpt_oss_biases_are_refused() -> None:
+def test_gpt_oss_biases_are_carried() -> None:
     model = _build("gpt_oss")
-    with torch.no_grad():
-        _tensor(
-            model.get_submodule("model.layers.0.mlp.experts"), "down_proj_bias"
-        ).fill_(0.5)
-    with pytest.raises(ConfigError, match="down_proj_bias must be zero"):
-        replace_moe_blocks(model)
+    experts = model.get_submodule("model.layers.0.mlp.experts")
+    gate_up_bias = _tensor(experts, "gate_up_proj_bias").detach().clone()
+    down_bias = _tensor(experts, "down_proj_bias").detach().clone()
+    assert bool(down_bias.ne(0).any())
+    replace_moe_blocks(model, backend="reference")
+    int4 = model.get_submodule("model.layers.0.mlp.experts")
+    assert isinstance(int4, Int4MoE)
+    assert int4.config.expert_bias
+    f = gate_up_bias.shape[-1] // 2
+    w13_bias, w2_bias = int4.weights.w13_bias, int4.weights.w2_bias
+    assert w13_bias is not None
+    torch.testing.assert_close(w13_bias[:, :f], gate_up_bias[:, 0::2], **EXACT)
+    torch.testing.assert_close(w13_bias[:, f:], gate_up_bias[:, 1::2], **EXACT)
+    torch.testing.assert_close(w2_bias, down_bias, **EXACT)
 
 
 def test_blocks_from_an_int4_checkpoint(generator: torch.Generator) -> None:

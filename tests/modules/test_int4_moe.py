@@ -407,3 +407,52 @@ def test_apply_router_weight_on_input(generator: torch.Generator) -> None:
     expected = dense_moe_f64(x, w13q, w2q, tw, ids, cfg)
     assert rel_l2(expected, moe(x, topk_weights=tw, topk_ids=ids)) < 1e-5
     assert isinstance(Routing(topk_weights=tw, topk_ids=ids), Routing)
+
+
+def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> None:
+    cfg = MoEConfig(
+        num_experts=4,
+        top_k=2,
+        hidden_size=128,
+        intermediate_size=64,
+        activation="swigluoai",
+        expert_bias=True,
+    )
+    w13, w2 = _float_weights(generator, cfg)
+    b13, b2 = (
+        torch.randn(4, 128, generator=generator),
+        torch.randn(4, 128, generator=generator),
+    )
+    moe = Int4MoE.from_float(
+        w13_weight=w13,
+        w2_weight=w2,
+        config=cfg,
+        dtype=torch.float32,
+        w13_bias=b13,
+        w2_bias=b2,
+    )
+    x = torch.randn(6, 128, generator=generator)
+    logits = torch.randn(6, 4, generator=generator)
+    routing = route_topk(logits, cfg)
+    w13q, w2q = dequantize_expert_weights(moe.weights, dtype=torch.float64)
+    expected = dense_moe_f64(
+        x,
+        w13q,
+        w2q,
+        routing.topk_weights,
+        routing.topk_ids,
+        cfg,
+        w13_bias=b13,
+        w2_bias=b2,
+    )
+    assert rel_l2(expected, moe(x, router_logits=logits)) < 1e-5
+    fresh = Int4MoE(cfg, dtype=torch.float32)
+    fresh.load_state_dict(moe.state_dict())
+    assert "w13_bias" in moe.state_dict()
+    torch.testing.assert_close(
+        fresh(x, router_logits=logits), moe(x, router_logits=logits), **EXACT
+    )
+    with pytest.raises(
+        ShapeError, match="w13_bias must be a tensor with expert_bias=True, got None"
+    ):
+        Int4MoE.from_float(w13_weight=w13, w2_weight=w2, config=cfg)
