@@ -23,7 +23,7 @@ from backends.triton._launch import ExpertMatrix, fused_moe, is_interpreting
 from core.config import MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
-from core.quantize import dequantize_expert_weights
+from core.quantize import dequantize_expert
 from core.routing import Routing
 from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -155,6 +155,22 @@ _MEMORY_WARNING = (
 )
 
 
+def _dequantize_per_expert(
+    weights: QuantizedExpertWeights, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All experts in ``dtype``, dequantized one at a time.
+
+    The float32 temporary is then one expert's: the whole layer in float32 would be 8x
+    its int4 size (45 GB for DeepSeek-V3).
+    """
+    e, f, d = weights.num_experts, weights.intermediate_size, weights.hidden_size
+    w13 = torch.empty((e, 2 * f, d), dtype=dtype, device=weights.device)
+    w2 = torch.empty((e, d, f), dtype=dtype, device=weights.device)
+    for expert in range(e):
+        w13[expert], w2[expert] = dequantize_expert(weights, expert, dtype=dtype)
+    return w13, w2
+
+
 @final
 class TritonEmulationBackend:
     """Dequantize at load, then our own Triton fused MoE on 16-bit weights.
@@ -192,7 +208,7 @@ class TritonEmulationBackend:
         warnings.warn(
             _MEMORY_WARNING.format(dtype=dtype), EmulationMemoryWarning, stacklevel=2
         )
-        w13, w2 = dequantize_expert_weights(weights, dtype=dtype)
+        w13, w2 = _dequantize_per_expert(weights, dtype)
         return TritonEmulationPrepared(
             weights=weights, config=config, dtype=dtype, w13_dense=w13, w2_dense=w2
         )
