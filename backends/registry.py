@@ -115,6 +115,11 @@ def explain_backends(
     return lines
 
 
+def is_known_backend(name: str) -> bool:
+    """Whether ``name`` is `auto` or a registered backend."""
+    return name == "auto" or name in _REGISTRY
+
+
 def check_backend_name(
     name: str,
     config: MoEConfig,
@@ -128,7 +133,7 @@ def check_backend_name(
     Raises:
         BackendUnavailableError: for an unknown name.
     """
-    if name == "auto" or name in _REGISTRY:
+    if is_known_backend(name):
         return
     verdicts = explain_backends(config, scheme, _CANONICAL, device, dtype=dtype)
     raise BackendUnavailableError(

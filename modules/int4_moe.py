@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from backends.base import DeviceInfo, MoEBackend, PreparedExperts
-from backends.registry import check_backend_name, select_backend
+from backends.registry import check_backend_name, is_known_backend, select_backend
 from core.config import MoEConfig
 from core.errors import DeviceError, DTypeError, ShapeError
 from core.inputs import resolve_routing
@@ -80,8 +80,9 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self.backend = backend
-        where = DeviceInfo.of(device if device is not None else "cpu")
-        check_backend_name(backend, config, scheme, where, dtype=dtype)
+        if not is_known_backend(backend):
+            where = DeviceInfo.of(device if device is not None else "cpu")
+            check_backend_name(backend, config, scheme, where, dtype=dtype)
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
             config, scheme, local, dtype
