@@ -6,8 +6,10 @@ May import core only.
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, DTypeError, ShapeError
 from core.scheme import Int4Scheme
+from core.validate import check_shape
+from core.weights import QuantizedExpertWeights
 
 BufferSpec = tuple[tuple[int, ...], torch.dtype]
 
@@ -46,3 +48,25 @@ def expert_map_size(config: MoEConfig, num_local_experts: int | None) -> int:
             f"got {num_local_experts}"
         )
     return num_local_experts
+
+
+def local_experts(
+    config: MoEConfig, weights: QuantizedExpertWeights, expert_map: torch.Tensor | None
+) -> int:
+    """Experts the weights hold, after checking ``expert_map`` (global to local, -1)."""
+    if expert_map is None:
+        return config.num_experts
+    check_shape("expert_map", expert_map, (config.num_experts,))
+    if expert_map.dtype not in (torch.int32, torch.int64):
+        raise DTypeError(
+            f"expert_map must be int32 or int64, got dtype {expert_map.dtype}"
+        )
+    local = weights.num_experts
+    if expert_map.numel() and (
+        int(expert_map.min()) < -1 or int(expert_map.max()) >= local
+    ):
+        raise ShapeError(
+            f"expert_map values must be -1 or local ids in [0, {local}), got values in "
+            f"[{int(expert_map.min())}, {int(expert_map.max())}]"
+        )
+    return local

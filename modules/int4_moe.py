@@ -17,7 +17,7 @@ from torch import nn
 from backends.base import DeviceInfo, MoEBackend, PreparedExperts
 from backends.registry import check_backend_name, is_known_backend, select_backend
 from core.config import MoEConfig
-from core.errors import DeviceError, DTypeError, ShapeError
+from core.errors import DeviceError
 from core.inputs import resolve_routing
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
@@ -31,7 +31,7 @@ from core.validate import (
     check_shape,
 )
 from core.weights import QuantizedExpertWeights
-from modules.buffers import canonical_buffer_specs, expert_map_size
+from modules.buffers import canonical_buffer_specs, expert_map_size, local_experts
 
 _PreparedKey = tuple[torch.device, torch.dtype, torch.dtype, int]
 
@@ -151,7 +151,7 @@ class Int4MoE(nn.Module):
         Raises:
             ShapeError, DTypeError, DeviceError, ConfigError: on malformed input.
         """
-        local = _local_experts(config, weights, expert_map)
+        local = local_experts(config, weights, expert_map)
         check_expert_weights(weights, config, num_experts=local)
         module = cls(
             config,
@@ -412,24 +412,3 @@ def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:
     del incompatible
     if isinstance(module, Int4MoE):
         module.invalidate_prepared()
-
-
-def _local_experts(
-    config: MoEConfig, weights: QuantizedExpertWeights, expert_map: torch.Tensor | None
-) -> int:
-    if expert_map is None:
-        return config.num_experts
-    check_shape("expert_map", expert_map, (config.num_experts,))
-    if expert_map.dtype not in (torch.int32, torch.int64):
-        raise DTypeError(
-            f"expert_map must be int32 or int64, got dtype {expert_map.dtype}"
-        )
-    local = weights.num_experts
-    if expert_map.numel() and (
-        int(expert_map.min()) < -1 or int(expert_map.max()) >= local
-    ):
-        raise ShapeError(
-            f"expert_map values must be -1 or local ids in [0, {local}), got values in "
-            f"[{int(expert_map.min())}, {int(expert_map.max())}]"
-        )
-    return local
