@@ -32,9 +32,13 @@ _DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _common_support(
-    layout: WeightLayout, device: DeviceInfo, dtype: torch.dtype
+    config: MoEConfig, layout: WeightLayout, device: DeviceInfo, dtype: torch.dtype
 ) -> Support:
     """Refusals shared by both Triton backends (device, dtype, layout, package)."""
+    if config.expert_bias:
+        return Support.no(
+            "expert biases (config.expert_bias, gpt-oss) are not in the Triton kernels yet"
+        )
     if importlib.util.find_spec("triton") is None:
         return Support.no("triton is not installed")
     on_cpu = device.type == "cpu" and is_interpreting()
@@ -108,11 +112,7 @@ class TritonW4A16Backend:
     ) -> Support:
         """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
         del scheme
-        if config.expert_bias:
-            return Support.no(
-                "expert biases (config.expert_bias, gpt-oss) are not in the Triton kernels yet"
-            )
-        return _common_support(layout, device, dtype)
+        return _common_support(config, layout, device, dtype)
 
     def prepare(
         self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
@@ -195,11 +195,7 @@ class TritonEmulationBackend:
     ) -> Support:
         """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
         del scheme
-        if config.expert_bias:
-            return Support.no(
-                "expert biases (config.expert_bias, gpt-oss) are not in the Triton kernels yet"
-            )
-        return _common_support(layout, device, dtype)
+        return _common_support(config, layout, device, dtype)
 
     def prepare(
         self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
