@@ -49,6 +49,13 @@ INTERPRETER: Final = MoETiles(
 """CPU interpreter: small tiles; split-K 2 so its reduction path is tested too."""
 
 
+GEMV: Final = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
+"""Decode GEMV (``_moe_gemv_kernel``) on the GPU: 128 contiguous bytes per row per step.
+A first choice, measured only against the GEMM path (bench/RESULTS.md, decode section)."""
+GEMV_INTERPRETER: Final = GemmTiles(block_n=16, block_k=64)
+"""Decode GEMV in the CPU interpreter: small tiles, several steps and groups per step."""
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 

@@ -6,12 +6,20 @@ hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k, ``N`` = T*K routed pairs
 """
 
 import os
+from typing import Literal
 
 import attrs
 import torch
 
 from backends.triton._align import BlockAlignment, align_pairs_to_blocks
-from backends.triton._configs import INTERPRETER, GemmTiles, MoETiles, choose_tiles
+from backends.triton._configs import (
+    GEMV,
+    GEMV_INTERPRETER,
+    INTERPRETER,
+    GemmTiles,
+    MoETiles,
+    choose_tiles,
+)
 from core.config import MoEConfig
 from core.errors import DTypeError
 from core.routing import Routing
@@ -126,6 +134,73 @@ def _launch_gemm(
     )
 
 
+def _launch_gemv(
+    a_MK: torch.Tensor,
+    b: ExpertMatrix,
+    out: torch.Tensor,
+    *,
+    n: int,
+    routing: Routing,
+    config: MoEConfig,
+    gated: bool,
+) -> None:
+    """Launch ``_moe_gemv_kernel`` (int4 decode path) writing ``out`` ``(N, n)``."""
+    import triton
+
+    from backends.triton._kernels import _moe_gemv_kernel
+
+    assert b.scale is not None
+    k = int(a_MK.shape[1])
+    tiles = GEMV_INTERPRETER if is_interpreting() else GEMV
+    group = b.group_size
+    ng = (
+        tiles.block_k // group
+        if group < tiles.block_k and tiles.block_k % group == 0
+        else 1
+    )
+    zero = b.zero_point if b.zero_point is not None else b.scale
+    grid = (routing.topk_ids.numel(), triton.cdiv(n, tiles.block_n))
+    _moe_gemv_kernel[grid](
+        a_MK,
+        b.data,
+        b.scale,
+        zero,
+        out,
+        routing.topk_ids,
+        routing.topk_weights,
+        n,
+        k,
+        float(config.swiglu_alpha),
+        float(config.swiglu_limit),
+        a_MK.stride(0),
+        b.data.stride(0),
+        b.data.stride(1),
+        b.scale.stride(0),
+        b.scale.stride(1),
+        out.stride(0),
+        A_DIV=routing.top_k if gated else 1,
+        GROUP=group,
+        NG=ng,
+        HAS_ZP=b.zero_point is not None,
+        GATED=gated,
+        ACT=_ACTIVATION_CODE[config.activation],
+        WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
+def use_gemv(num_pairs: int, w13: ExpertMatrix) -> bool:
+    """Decode rule: int4 weights and at most one routed pair per two experts.
+
+    Then pairs rarely share an expert, so the pair-major GEMV reads each used
+    expert's bytes about once, without the GEMM's 16-row minimum or its alignment.
+    """
+    return w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])
+
+
 def _reduce_topk(
     part_SND: torch.Tensor, routing: Routing, *, weighted: bool, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -167,6 +242,29 @@ def pick_tiles(num_pairs: int, w13: ExpertMatrix, w2: ExpertMatrix) -> MoETiles:
     )
 
 
+def _gemv_moe(
+    x_TD: torch.Tensor,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+    routing: Routing,
+    config: MoEConfig,
+) -> torch.Tensor:
+    """The decode path: two pair-major int4 GEMVs and the top-k sum (three launches)."""
+    if not w13.is_int4 or not w2.is_int4:
+        raise DTypeError("the gemv path needs int4 (uint8) weights, got 16-bit weights")
+    num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
+    f = int(w13.data.shape[1]) // 2
+    buffer_dtype = _buffer_dtype(x_TD.dtype)
+    inter_NF = torch.empty(num_pairs, f, dtype=buffer_dtype, device=x_TD.device)
+    _launch_gemv(x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True)
+    part_1ND = torch.empty(1, num_pairs, d, dtype=buffer_dtype, device=x_TD.device)
+    _launch_gemv(
+        inter_NF, w2, part_1ND[0], n=d, routing=routing, config=config, gated=False
+    )
+    weighted = not config.apply_router_weight_on_input
+    return _reduce_topk(part_1ND, routing, weighted=weighted, dtype=x_TD.dtype)
+
+
 def fused_moe(
     hidden_TD: torch.Tensor,
     w13: ExpertMatrix,
@@ -175,6 +273,7 @@ def fused_moe(
     config: MoEConfig,
     *,
     tiles: MoETiles | None = None,
+    path: Literal["auto", "gemm", "gemv"] = "auto",
 ) -> torch.Tensor:
     """The MoE layer: align, w13 GEMM + activation, w2 GEMM, weighted top-k sum.
 
@@ -185,6 +284,7 @@ def fused_moe(
         routing: ``(T, K)`` float32 weights and ids (``-1`` contributes zero).
         config: activation and ``apply_router_weight_on_input``.
         tiles: tile override (benchmark sweeps); default from the tile table.
+        path: `gemv` (int4 decode kernel), `gemm` (grouped GEMM) or `auto` (``use_gemv``).
 
     Returns:
         ``(T, D)`` in the dtype of ``hidden_TD``.
@@ -202,6 +302,10 @@ def fused_moe(
     )
     num_pairs = routing.topk_ids.numel()
     f = int(w13.data.shape[1]) // 2
+    if path == "gemv" or (
+        path == "auto" and tiles is None and use_gemv(num_pairs, w13)
+    ):
+        return _gemv_moe(hidden_TD.contiguous(), w13, w2, routing, config)
     chosen = tiles if tiles is not None else pick_tiles(num_pairs, w13, w2)
     align = align_pairs_to_blocks(
         routing.topk_ids, int(w13.data.shape[0]), block_m=chosen.block_m

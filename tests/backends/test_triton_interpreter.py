@@ -19,6 +19,7 @@ from backends.triton import (
     TritonW4A16Backend,
 )
 from backends.triton._align import align_pairs_to_blocks
+from backends.triton._launch import ExpertMatrix, fused_moe, use_gemv
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -230,3 +231,78 @@ def test_apply_rejects_other_backends_prepared(generator: torch.Generator) -> No
     routing = route_topk(torch.randn(2, E, generator=generator), _config())
     with pytest.raises(TypeError, match="triton-w4a16"):
         TritonW4A16Backend().apply(hidden_TD, prepared, routing)
+
+
+GEMV_CASES = [  # (scheme, activation, dtype, top_k, apply_router_weight_on_input)
+    (SCHEMES[0], "silu", torch.bfloat16, 2, False),
+    (SCHEMES[1], "gelu", torch.float16, 2, False),
+    (SCHEMES[2], "swigluoai", torch.bfloat16, 2, False),
+    (
+        Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1),
+        "gelu_tanh",
+        torch.float16,
+        2,
+        False,
+    ),
+    (SCHEMES[1], "silu", torch.bfloat16, 1, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("scheme", "activation", "dtype", "top_k", "on_input"),
+    GEMV_CASES,
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_gemv_decode_path_matches_oracle_and_gemm(
+    scheme: Int4Scheme,
+    activation: Activation,
+    dtype: torch.dtype,
+    top_k: int,
+    on_input: bool,
+    generator: torch.Generator,
+) -> None:
+    config = MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+        apply_router_weight_on_input=on_input,
+    )
+    weights = _weights(scheme, dtype, generator)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(3, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    ids = routing.topk_ids.clone()
+    ids[1, 0] = -1  # an expert held elsewhere
+    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    gemv = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
+    gemm = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm")
+    assert gemv.dtype == dtype
+    assert rel_l2(expected, gemv) < REL_L2_VS_ORACLE[dtype]
+    tol = KERNEL_VS_ORACLE[dtype]
+    torch.testing.assert_close(gemv, gemm, rtol=tol["rtol"], atol=tol["atol"])
+
+
+def test_gemv_is_the_decode_rule() -> None:
+    w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
+    assert use_gemv(4, w13)  # 4 pairs over 8 experts
+    assert not use_gemv(5, w13)
+    assert not use_gemv(
+        1, ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
+    )
+
+
+def test_gemv_refuses_16_bit_weights(generator: torch.Generator) -> None:
+    dense = ExpertMatrix(data=torch.zeros(E, 2 * F, D, dtype=torch.bfloat16))
+    routing = route_topk(torch.randn(1, E, generator=generator), _config())
+    with pytest.raises(DTypeError, match="gemv path needs int4"):
+        fused_moe(
+            torch.zeros(1, D, dtype=torch.bfloat16),
+            dense,
+            dense,
+            routing,
+            _config(),
+            path="gemv",
+        )

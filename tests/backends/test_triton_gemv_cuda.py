@@ -1,0 +1,110 @@
+"""The int4 decode path (``_moe_gemv_kernel``) on a CUDA GPU (marker ``cuda``).
+
+Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
+"""
+
+import pytest
+import torch
+
+from backends.triton import TritonW4A16Backend
+from backends.triton._launch import fused_moe, use_gemv
+from core.config import Activation, MoEConfig
+from core.reference import moe_forward_reference
+from core.scheme import Int4Scheme
+from tests.backends.test_triton_cuda import SCHEMES, _int4_weights, _routing
+from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
+
+pytestmark = pytest.mark.cuda
+
+
+def _check(
+    config: MoEConfig,
+    scheme: Int4Scheme,
+    dtype: torch.dtype,
+    tokens: int,
+    *,
+    drop: bool = False,
+) -> None:
+    weights = _int4_weights(
+        config, scheme, dtype, torch.Generator().manual_seed(tokens + 11)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
+    routing = _routing(config, tokens, drop=drop)
+    out = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.name)
+def test_gemv_schemes(scheme: Int4Scheme, dtype: torch.dtype) -> None:
+    config = MoEConfig(num_experts=64, top_k=8, hidden_size=1024, intermediate_size=512)
+    _check(config, scheme, dtype, 3, drop=True)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "swigluoai"])
+def test_gemv_activations(activation: Activation) -> None:
+    config = MoEConfig(
+        num_experts=16,
+        top_k=2,
+        hidden_size=2880,
+        intermediate_size=2880,
+        activation=activation,
+    )  # gpt-oss sizes: 2880 is not a multiple of the 256-column step
+    _check(config, SCHEMES[0], torch.bfloat16, 2)
+
+
+def test_gemv_router_weight_on_input() -> None:
+    config = MoEConfig(
+        num_experts=16,
+        top_k=1,
+        hidden_size=512,
+        intermediate_size=256,
+        apply_router_weight_on_input=True,
+    )
+    _check(config, SCHEMES[5], torch.bfloat16, 5)
+
+
+@pytest.mark.parametrize(
+    "size", [(8, 2, 4096, 14336, 1), (256, 8, 7168, 2048, 4), (128, 8, 2048, 768, 8)]
+)
+def test_gemv_model_shapes(size: tuple[int, int, int, int, int]) -> None:
+    e, k, d, f, t = size
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    assert use_gemv(
+        t * k,
+        TritonW4A16Backend()
+        .prepare(
+            _int4_weights(
+                config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
+            ),
+            config,
+            dtype=torch.bfloat16,
+        )
+        .w13,
+    )
+    _check(config, SCHEMES[2], torch.bfloat16, t)
+
+
+def test_gemv_cuda_graph() -> None:
+    config = MoEConfig(num_experts=64, top_k=8, hidden_size=1024, intermediate_size=512)
+    weights = _int4_weights(
+        config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(3)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(2, 1024, device="cuda").to(torch.bfloat16)
+    routing = _routing(config, 2)
+    fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_TD = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config)
+    for _ in range(3):
+        fresh = _routing(config, 2)
+        hidden_TD.copy_(torch.randn_like(hidden_TD))
+        routing.topk_ids.copy_(fresh.topk_ids)
+        routing.topk_weights.copy_(fresh.topk_weights)
+        graph.replay()
+        expected = moe_forward_reference(hidden_TD, weights, routing, config)
+        assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[torch.bfloat16]
