@@ -55,7 +55,7 @@ def bench_model(name: str, bw: float) -> list[dict[str, object]]:
             "M": m,
             "active": active,
             "floor_ms": floor_ms(m, active, e, k, d, f, bw, 1e30),
-            "auto": "gemv" if use_gemv(m * k, w13) else "gemm",
+            "rule": "gemv" if use_gemv(m * k, w13, enabled=True) else "gemm",
         }
         ref = moe_forward_reference(x, q, r, config)
         for path in PATHS:
@@ -73,7 +73,7 @@ def bench_model(name: str, bw: float) -> list[dict[str, object]]:
             for p in PATHS
         )
         print(
-            f"{name:16s} M={m:3d} act={active:3d} floor={fl:.3f} | {cells} | auto={row['auto']}",
+            f"{name:16s} M={m:3d} act={active:3d} floor={fl:.3f} | {cells} | rule={row['rule']}",
             flush=True,
         )
     del q
@@ -99,9 +99,9 @@ def main() -> None:
         f"Date {meta['date']}; GPU {meta['gpu']}; torch {meta['torch']}; triton "
         f"{meta['triton']}; copy bandwidth {bw / 1e12:.2f} TB/s measured in this run.",
         "Median ms of graph replays with L2 flushed (multiple of the byte floor); symmetric",
-        "int4 group 128, bf16; `auto` is the path `use_gemv` picks for that M.",
+        "int4 group 128, bf16; `rule` is the path `use_gemv(enabled=True)` picks for that M.",
         "",
-        "| model | M | active | floor ms | gemm | gemv | auto |",
+        "| model | M | active | floor ms | gemm | gemv | rule |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -113,7 +113,7 @@ def main() -> None:
         lines.append(
             f"| {row['model']} | {row['M']} | {row['active']} | {fl:.3f} | "
             + " | ".join(cells)
-            + f" | {row['auto']} |"
+            + f" | {row['rule']} |"
         )
     (HERE / "RESULTS_DECODE.md").write_text("\n".join(lines) + "\n")
     (HERE / "results_decode.json").write_text(

@@ -52,6 +52,11 @@ INTERPRETER: Final = MoETiles(
 GEMV: Final = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
 """Decode GEMV (``_moe_gemv_kernel``) on the GPU: 128 contiguous bytes per row per step.
 A first choice, measured only against the GEMM path (bench/RESULTS.md, decode section)."""
+GEMV_BY_DEFAULT: Final = False
+"""Whether ``auto`` takes the decode GEMV. Off until it is measured on a GPU: it was
+written and checked in the interpreter after this session's GPU time was spent, so
+``fused_moe(..., path="gemv")`` is opt-in; bench/bench_decode.py and
+tests/backends/test_triton_gemv_cuda.py are ready for that run (issue #3)."""
 GEMV_INTERPRETER: Final = GemmTiles(block_n=16, block_k=64)
 """Decode GEMV in the CPU interpreter: small tiles, several steps and groups per step."""
 

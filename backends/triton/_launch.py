@@ -14,6 +14,7 @@ import torch
 from backends.triton._align import BlockAlignment, align_pairs_to_blocks
 from backends.triton._configs import (
     GEMV,
+    GEMV_BY_DEFAULT,
     GEMV_INTERPRETER,
     INTERPRETER,
     GemmTiles,
@@ -192,13 +193,16 @@ def _launch_gemv(
     )
 
 
-def use_gemv(num_pairs: int, w13: ExpertMatrix) -> bool:
+def use_gemv(
+    num_pairs: int, w13: ExpertMatrix, *, enabled: bool = GEMV_BY_DEFAULT
+) -> bool:
     """Decode rule: int4 weights and at most one routed pair per two experts.
 
     Then pairs rarely share an expert, so the pair-major GEMV reads each used
     expert's bytes about once, without the GEMM's 16-row minimum or its alignment.
+    ``enabled`` defaults to ``GEMV_BY_DEFAULT`` (off until measured on a GPU).
     """
-    return w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])
+    return enabled and w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])
 
 
 def _reduce_topk(

@@ -83,6 +83,7 @@ def test_gemv_model_shapes(size: tuple[int, int, int, int, int]) -> None:
             dtype=torch.bfloat16,
         )
         .w13,
+        enabled=True,  # the decode rule picks the GEMV for these decode sizes
     )
     _check(config, SCHEMES[2], torch.bfloat16, t)
 
@@ -95,11 +96,13 @@ def test_gemv_cuda_graph() -> None:
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
     hidden_TD = torch.randn(2, 1024, device="cuda").to(torch.bfloat16)
     routing = _routing(config, 2)
-    fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config)
+    fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out_TD = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config)
+        out_TD = fused_moe(
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv"
+        )
     for _ in range(3):
         fresh = _routing(config, 2)
         hidden_TD.copy_(torch.randn_like(hidden_TD))

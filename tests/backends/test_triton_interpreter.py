@@ -19,6 +19,7 @@ from backends.triton import (
     TritonW4A16Backend,
 )
 from backends.triton._align import align_pairs_to_blocks
+from backends.triton._configs import GEMV_BY_DEFAULT
 from backends.triton._launch import ExpertMatrix, fused_moe, use_gemv
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
@@ -287,11 +288,13 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
 
 def test_gemv_is_the_decode_rule() -> None:
     w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
-    assert use_gemv(4, w13)  # 4 pairs over 8 experts
-    assert not use_gemv(5, w13)
-    assert not use_gemv(
-        1, ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
-    )
+    assert use_gemv(4, w13, enabled=True)  # 4 pairs over 8 experts
+    assert not use_gemv(5, w13, enabled=True)
+    dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
+    assert not use_gemv(1, dense, enabled=True)
+    assert not use_gemv(1, w13, enabled=False)
+    # off by default until measured on a GPU (backends/triton/_configs.py)
+    assert use_gemv(1, w13) is GEMV_BY_DEFAULT
 
 
 def test_gemv_refuses_16_bit_weights(generator: torch.Generator) -> None:
