@@ -23,6 +23,10 @@ class GemmTiles:
         split_k: programs sharing one output tile along the reduction (w2 only).
         num_warps: warps per program.
         num_stages: software-pipeline depth.
+        dequant: int4 dequantization of the GEMM kernel: 0 int-to-float instructions,
+            1 codes by bit pattern then scaled in the operand dtype, 2 the dot on the
+            biased codes with zero point and scale applied after it (needs a step
+            inside one group; otherwise 1 runs).
     """
 
     block_n: int
@@ -30,6 +34,7 @@ class GemmTiles:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    dequant: int = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -65,7 +70,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _split_for(tiles_out: int, k: int, block_k: int) -> int:
+def split_for(tiles_out: int, k: int, block_k: int) -> int:
     """Split K until about two waves of programs fill the GPU (decode only)."""
     split = 1
     while tiles_out * split < 2 * NUM_SMS_H200 and k // (split * 2) >= 4 * block_k:
@@ -92,7 +97,7 @@ def choose_tiles(
             w2=GemmTiles(
                 block_n=64,
                 block_k=128,
-                split_k=_split_for(w2_out, intermediate_size, 128),
+                split_k=split_for(w2_out, intermediate_size, 128),
                 num_warps=4,
                 num_stages=4,
             ),
