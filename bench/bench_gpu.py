@@ -24,7 +24,8 @@ import triton.testing as tt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.triton._launch import ExpertMatrix, fused_moe
+from backends.triton._fused import fused_moe, use_dequant, use_gemv
+from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
 from core.reference import moe_forward_reference
@@ -210,6 +211,11 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
             "M": m,
             "active": active,
             "floor_ms": fl,
+            "w4a16_path": "gemv"
+            if use_gemv(m * k, w13m)
+            else "dequant"
+            if use_dequant(m * k, w13m)
+            else "gemm",
         }
         fns: dict[str, Callable[[], torch.Tensor]] = {
             "triton-w4a16": lambda: fused_moe(x, w13m, w2m, r, config),
@@ -243,8 +249,8 @@ def format_row(row: dict[str, object]) -> str:
             if isinstance(v, float):
                 cells.append(f"{key}{tag} {v:.3f} ({v / fl:.1f}x)")
     return (
-        f"{row['model']:16s} M={row['M']:5d} act={row['active']:3d} floor={fl:.3f}ms | "
-        + " | ".join(cells)
+        f"{row['model']:16s} M={row['M']:5d} act={row['active']:3d} floor={fl:.3f}ms "
+        f"{row['w4a16_path']} | " + " | ".join(cells)
     )
 
 
@@ -270,9 +276,13 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "flushed before every timed run. Outputs checked against the float32 reference",
         "(`relerr` columns in results.json) before timing.",
         "",
-        "| model | M | active | floor ms | w4a16 | w4a16 graph | emulation | emulation graph "
-        "| grouped_mm bf16 | grouped_mm graph | tinygemm loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "`path` is the path triton-w4a16 took (backends/triton/_fused.py): `gemv` (decode",
+        "GEMV), `gemm` (grouped GEMM, int4 dequantized in registers) or `dequant` (chunks",
+        "of experts dequantized to bf16, then the bf16 grouped GEMM).",
+        "",
+        "| model | M | active | floor ms | path | w4a16 | w4a16 graph | emulation "
+        "| emulation graph | grouped_mm bf16 | grouped_mm graph | tinygemm loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         cols = [
@@ -286,7 +296,7 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         ]
         lines.append(
             f"| {row['model']} | {row['M']} | {row['active']} | "
-            f"{float(row['floor_ms']):.3f} | "  # type: ignore[arg-type]
+            f"{float(row['floor_ms']):.3f} | {row['w4a16_path']} | "  # type: ignore[arg-type]
             + " | ".join(cell(row, c) for c in cols)
             + " |"
         )

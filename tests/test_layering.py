@@ -41,7 +41,7 @@ def test_core_imports_only_torch_attrs_stdlib(path: Path) -> None:
     "path", _files("backends"), ids=lambda p: str(p.relative_to(ROOT))
 )
 def test_backends_import_heavy_packages_lazily(path: Path) -> None:
-    if path.name == "_kernels.py":  # @triton.jit needs a module-level import (STYLE.md)
+    if path.name.startswith("_kernels"):  # @triton.jit: module-level import (STYLE.md)
         return
     top = set(_imports(path, top_level_only=True))
     assert not top & HEAVY, (

@@ -19,7 +19,8 @@ from backends.base import (
     Support,
     check_prepared,
 )
-from backends.triton._launch import ExpertMatrix, fused_moe, is_interpreting
+from backends.triton._fused import fused_moe
+from backends.triton._launch import ExpertMatrix, is_interpreting
 from core.config import MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout

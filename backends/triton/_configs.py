@@ -1,9 +1,8 @@
-"""Tile configurations of the fused-MoE GEMMs, per shape class, and how they were chosen.
+"""Tile configurations of the fused-MoE kernels, per shape class, and the path rules.
 
-Imports only stdlib and attrs. Tuned on one NVIDIA H200 (torch 2.11, triton 3.6); see
-bench/TUNING.md for what was measured (the sweep ran on an earlier dequant variant, so
-this is the initial table, validated by bench/RESULTS.md). ``INTERPRETER`` keeps CPU
-tests small and fast.
+Imports only stdlib and attrs. Measured on one NVIDIA H200 (torch 2.11, triton 3.6,
+2026-12-02) with ``bench/sweep_tiles.py``; bench/TUNING.md has the numbers and
+bench/sweeps/ the raw logs. ``INTERPRETER`` keeps CPU tests small and fast.
 """
 
 from typing import Final
@@ -23,10 +22,6 @@ class GemmTiles:
         split_k: programs sharing one output tile along the reduction (w2 only).
         num_warps: warps per program.
         num_stages: software-pipeline depth.
-        dequant: int4 dequantization of the GEMM kernel: 0 int-to-float instructions,
-            1 codes by bit pattern then scaled in the operand dtype, 2 the dot on the
-            biased codes with zero point and scale applied after it (needs a step
-            inside one group; otherwise 1 runs).
     """
 
     block_n: int
@@ -34,7 +29,6 @@ class GemmTiles:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    dequant: int = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -54,16 +48,27 @@ INTERPRETER: Final = MoETiles(
 """CPU interpreter: small tiles; split-K 2 so its reduction path is tested too."""
 
 
-GEMV: Final = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
-"""Decode GEMV (``_moe_gemv_kernel``) on the GPU: 128 contiguous bytes per row per step.
-A first choice, measured only against the GEMM path (bench/RESULTS.md, decode section)."""
-GEMV_BY_DEFAULT: Final = False
-"""Whether ``auto`` takes the decode GEMV. Off until it is measured on a GPU: it was
-written and checked in the interpreter after this session's GPU time was spent, so
-``fused_moe(..., path="gemv")`` is opt-in; bench/bench_decode.py and
-tests/backends/test_triton_gemv_cuda.py are ready for that run (issue #3)."""
+GEMV_FEW: Final = GemmTiles(block_n=16, block_k=512, num_warps=4)
+"""Decode GEMV for at most ``GEMV_FEW_PAIRS`` routed pairs (M = 1 on every model shape:
+0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, 0.142 vs 0.186 ms on Mixtral)."""
+GEMV_MANY: Final = GemmTiles(block_n=32, block_k=256, num_warps=4)
+"""Decode GEMV for more pairs (M = 4 on Qwen3-235B / DeepSeek-V3: 0.208 / 0.456 ms vs
+0.213 / 0.467 for 16 x 512)."""
+GEMV_FEW_PAIRS: Final = 8
+GEMV_BY_DEFAULT: Final = True
+"""Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it. At M = 1 it beat
+the grouped GEMM by 1.3-1.6x on all four model shapes, at M = 4 (Qwen3-235B,
+DeepSeek-V3) by 1.1-1.3x; at M = 16 on DeepSeek-V3 the two were within 2%."""
 GEMV_INTERPRETER: Final = GemmTiles(block_n=16, block_k=64)
 """Decode GEMV in the CPU interpreter: small tiles, several steps and groups per step."""
+DEQUANT_PAIRS_PER_EXPERT: Final = 256
+"""From this many routed pairs per expert on, triton-w4a16 dequantizes a chunk of
+experts to 16 bits and runs the 16-bit grouped GEMM on it instead of dequantizing in
+registers (which repeats the work for every row block). M = 4096: Mixtral 6.9 vs
+12.1-13.6 ms, Qwen3-235B 5.9 vs 7.7 ms; M = 1024 at 64 pairs per expert (Qwen3-235B)
+the in-register GEMM still won (2.6 vs 3.9 ms)."""
+DEQUANT_SCRATCH_BYTES: Final = 1 << 30
+"""Upper bound of that path's 16-bit scratch buffer (at least one expert's matrix)."""
 
 
 def _next_pow2(x: int) -> int:
@@ -84,23 +89,21 @@ def choose_tiles(
     """Tiles for one forward; pure over the (host-known) sizes.
 
     The row block is sized from the expected pairs per expert, so that at decode sizes
-    each busy expert gets one block and its weights are read once.
+    each busy expert gets one block and its weights are read once. Decode columns:
+    32 x 256 (128 contiguous bytes per row and step) was the fastest of the measured
+    tiles at M = 4 to 64 (Qwen3-235B and DeepSeek-V3 at 4, 16, 64; Mixtral and
+    Qwen3-30B at 64; bench/TUNING.md). The w2 split is sized as in that sweep.
     """
     per_expert = -(-num_pairs // num_experts)
     busy = min(num_experts, num_pairs)
     if per_expert <= 64:
         block_m = min(64, max(16, _next_pow2(per_expert)))
         w2_out = busy * -(-hidden_size // 64)
+        tiles = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
         return MoETiles(
             block_m=block_m,
-            w13=GemmTiles(block_n=64, block_k=128, num_warps=4, num_stages=4),
-            w2=GemmTiles(
-                block_n=64,
-                block_k=128,
-                split_k=split_for(w2_out, intermediate_size, 128),
-                num_warps=4,
-                num_stages=4,
-            ),
+            w13=tiles,
+            w2=attrs.evolve(tiles, split_k=split_for(w2_out, intermediate_size, 128)),
         )
     block_m = 64 if per_expert <= 256 else 128
     tiles = GemmTiles(block_n=128, block_k=64, num_warps=8 if block_m == 128 else 4)

@@ -7,7 +7,8 @@ top-k is ``TOP_K``. A pair ``p`` is token ``p // TOP_K``'s ``p % TOP_K``-th choi
 
 Blocked algorithm of ``_moe_gemm_kernel`` (grid: row blocks x column tiles x K splits)::
 
-    e = block_expert[b]; if e < 0: return            # unused block of the padded grid
+    e = block_expert[b]                               # -1: unused block of the grid
+    if not lo <= e < hi: return                       # B holds experts lo..hi-1
     pairs = sorted_pairs[b*BLOCK_M : (b+1)*BLOCK_M]   # first block_rows[b] are valid
     for k in the K range of split s, step BLOCK_K:
         a = A[pairs // A_DIV, k : k+BLOCK_K]
@@ -87,33 +88,6 @@ def _align_blocks_kernel(
 
 
 @triton.jit
-def _bias_of(CT_CODE: tl.constexpr):
-    """The offset ``_biased`` adds: 2**23 (float32), 128 (bfloat16), 1024 (float16)."""
-    if CT_CODE == 0:
-        return 8388608.0
-    elif CT_CODE == 1:
-        return 128.0
-    else:
-        return 1024.0
-
-
-@triton.jit
-def _biased(q, CT_CODE: tl.constexpr):
-    """Codes ``0..15`` to ``bias + q`` in the operand dtype by bit pattern (exact).
-
-    ``q`` is or-ed into the mantissa of ``bias`` (its exponent fixes the unit to 1),
-    so no int-to-float conversion instruction runs; ``CT_CODE`` 0/1/2 is
-    float32/bfloat16/float16.
-    """
-    if CT_CODE == 0:
-        return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
-    elif CT_CODE == 1:
-        return (q.to(tl.int16) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        return (q.to(tl.int16) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-
-
-@triton.jit
 def _load_weight_tile(
     b_ptr,
     scale_ptr,
@@ -130,37 +104,27 @@ def _load_weight_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     CT: tl.constexpr,
-    CT_CODE: tl.constexpr,
-    DEQ: tl.constexpr,
 ):
     """A ``(BLOCK_N, BLOCK_K)`` weight tile in dtype ``CT`` (dequantized if ``INT4``).
 
     ``b_ptr``, ``scale_ptr`` and ``zero_ptr`` already point at the expert. Int4 bytes
-    hold element ``2j`` in the low nibble and ``2j+1`` in the high nibble. ``DEQ`` 0
-    converts codes with int-to-float instructions, 1 by bit pattern (``_biased``).
+    hold element ``2j`` in the low nibble and ``2j+1`` in the high nibble.
     """
     rows = offs_n.to(tl.int64)[:, None]
     if INT4:
         offs_p = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         mask = n_mask[:, None] & (offs_p[None, :] < K // 2)
         packed = tl.load(b_ptr + rows * stride_bn + offs_p[None, :], mask=mask, other=0)
-        if DEQ == 1:
-            q8 = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, BLOCK_K))
-            q = _biased(q8, CT_CODE)
-            bias = _bias_of(CT_CODE)
-        else:
-            lo = (packed & 0xF).to(tl.int32)
-            hi = (packed >> 4).to(tl.int32)
-            q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(CT)
-            bias = 0.0
+        lo = (packed & 0xF).to(tl.int32)
+        hi = (packed >> 4).to(tl.int32)
+        q = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K)).to(CT)
         if BLOCK_K <= GROUP:
             g_ptr = rows * stride_sn + k0 // GROUP
             s = tl.load(scale_ptr + g_ptr, mask=n_mask[:, None], other=0).to(CT)
             if HAS_ZP:
                 z = tl.load(zero_ptr + g_ptr, mask=n_mask[:, None], other=0).to(CT)
-                z = z + bias
             else:
-                z = 8.0 + bias
+                z = 8.0
             w = (q - z) * s
         else:
             NG: tl.constexpr = BLOCK_K // GROUP
@@ -171,64 +135,15 @@ def _load_weight_tile(
             q3 = tl.reshape(q, (BLOCK_N, NG, GROUP))
             if HAS_ZP:
                 z = tl.load(zero_ptr + g_ptr, mask=g_mask, other=0).to(CT)
-                q3 = q3 - (z + bias)[:, :, None]
+                q3 = q3 - z[:, :, None]
             else:
-                q3 = q3 - (8.0 + bias)
+                q3 = q3 - 8.0
             w = tl.reshape(q3 * s[:, :, None], (BLOCK_N, BLOCK_K))
     else:
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask = n_mask[:, None] & (offs_k[None, :] < K)
         w = tl.load(b_ptr + rows * stride_bn + offs_k[None, :], mask=mask, other=0)
     return w.to(CT)
-
-
-@triton.jit
-def _dot_codes(
-    acc,
-    a,
-    b_ptr,
-    scale_ptr,
-    zero_ptr,
-    offs_n,
-    n_mask,
-    k0,
-    K,
-    stride_bn,
-    stride_sn,
-    GROUP: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    CT_CODE: tl.constexpr,
-):
-    """``acc + (a @ (q - z).T) * s``: the dot runs on the codes, scale after it.
-
-    The step lies in one group (``BLOCK_K`` divides ``GROUP``), so ``s`` and ``z`` are
-    per column. In 16 bits the dot takes the biased codes ``bias + q`` as they are
-    (exact) and subtracts ``(bias + z) * rowsum(a)`` after it, so no weight element
-    needs a float instruction; in float32 (the interpreter) the codes are centred first.
-    """
-    rows = offs_n.to(tl.int64)
-    offs_p = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    mask = n_mask[:, None] & (offs_p[None, :] < K // 2)
-    packed = tl.load(
-        b_ptr + rows[:, None] * stride_bn + offs_p[None, :], mask=mask, other=0
-    )
-    q8 = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, BLOCK_K))
-    qb = _biased(q8, CT_CODE)
-    g_ptr = rows * stride_sn + k0 // GROUP
-    s = tl.load(scale_ptr + g_ptr, mask=n_mask, other=0).to(tl.float32)
-    if HAS_ZP:
-        zb = tl.load(zero_ptr + g_ptr, mask=n_mask, other=0).to(tl.float32)
-        zb = zb + _bias_of(CT_CODE)
-    else:
-        zb = tl.full([BLOCK_N], 8.0, tl.float32) + _bias_of(CT_CODE)
-    if CT_CODE == 0:
-        part = tl.dot(a, tl.trans(qb - zb[:, None]))
-    else:
-        asum = tl.sum(a.to(tl.float32), axis=1)
-        part = tl.dot(a, tl.trans(qb)) - asum[:, None] * zb[None, :]
-    return acc + part * s[None, :]
 
 
 @triton.jit
@@ -267,6 +182,8 @@ def _moe_gemm_kernel(
     k_per_split,
     alpha,
     limit,
+    expert_lo,
+    expert_hi,
     # strides
     stride_am,
     stride_be,
@@ -284,8 +201,6 @@ def _moe_gemm_kernel(
     ACT: tl.constexpr,
     WEIGHT_ROWS: tl.constexpr,
     CT: tl.constexpr,
-    CT_CODE: tl.constexpr,
-    DEQ: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -294,7 +209,9 @@ def _moe_gemm_kernel(
 
     ``GATED``: B rows ``n`` (gate) and ``n + N`` (up), output ``act(gate) * up``.
     ``WEIGHT_ROWS``: scale the rows by the router weight of their pair (the GEMM is
-    linear, so this equals scaling the input). ``CT``: dtype of the dot operands, the
+    linear, so this equals scaling the input). ``b_ptr`` holds experts
+    ``expert_lo .. expert_hi - 1`` (a chunk of dequantized experts, or all of them).
+    ``CT``: dtype of the dot operands, the
     activation dtype on the GPU and float32 in the interpreter, whose bf16 arithmetic
     is wrong (triton-lang/triton#11584).
     """
@@ -302,7 +219,7 @@ def _moe_gemm_kernel(
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     e = tl.load(block_expert_ptr + pid_b)
-    if e < 0:
+    if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk
         return
     n_rows = tl.load(block_rows_ptr + pid_b)
     offs_m = tl.arange(0, BLOCK_M)
@@ -311,7 +228,7 @@ def _moe_gemm_kernel(
     a_rows = (pairs // A_DIV).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    b_e = b_ptr + e.to(tl.int64) * stride_be
+    b_e = b_ptr + (e - expert_lo).to(tl.int64) * stride_be
     s_e = scale_ptr + e.to(tl.int64) * stride_se
     z_e = zero_ptr + e.to(tl.int64) * stride_se
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -325,28 +242,43 @@ def _moe_gemm_kernel(
             a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0
         )
         a = a.to(CT)
-        if DEQ == 2:
-            acc = _dot_codes(
-                acc, a, b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn,
-                GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT_CODE,
-            )  # fmt: skip
-            if GATED:
-                acc_up = _dot_codes(
-                    acc_up, a, b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn,
-                    stride_sn, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT_CODE,
-                )  # fmt: skip
-        else:
-            w = _load_weight_tile(
-                b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn, GROUP,
-                INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, CT_CODE, DEQ,
-            )  # fmt: skip
-            acc = tl.dot(a, tl.trans(w), acc)
-            if GATED:
-                w_up = _load_weight_tile(
-                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn, stride_sn,
-                    GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, CT_CODE, DEQ,
-                )  # fmt: skip
-                acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+        w = _load_weight_tile(
+            b_e,
+            s_e,
+            z_e,
+            offs_n,
+            n_mask,
+            k0,
+            K,
+            stride_bn,
+            stride_sn,
+            GROUP,
+            INT4,
+            HAS_ZP,
+            BLOCK_N,
+            BLOCK_K,
+            CT,
+        )
+        acc = tl.dot(a, tl.trans(w), acc)
+        if GATED:
+            w_up = _load_weight_tile(
+                b_e,
+                s_e,
+                z_e,
+                offs_n + N,
+                n_mask,
+                k0,
+                K,
+                stride_bn,
+                stride_sn,
+                GROUP,
+                INT4,
+                HAS_ZP,
+                BLOCK_N,
+                BLOCK_K,
+                CT,
+            )
+            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
     if WEIGHT_ROWS:
         rw = tl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
         acc = acc * rw[:, None]
@@ -399,316 +331,4 @@ def _reduce_topk_kernel(
         out_ptr + t.to(tl.int64) * stride_om + offs_d,
         acc.to(out_ptr.dtype.element_ty),
         mask=d_mask,
-    )
-
-
-@triton.jit
-def _moe_gemv_kernel(
-    # pointers
-    a_ptr,
-    b_ptr,
-    scale_ptr,
-    zero_ptr,
-    c_ptr,
-    ids_ptr,
-    topk_weights_ptr,
-    # sizes
-    N,
-    K,
-    alpha,
-    limit,
-    # strides
-    stride_am,
-    stride_be,
-    stride_bn,
-    stride_se,
-    stride_sn,
-    stride_cm,
-    # meta-parameters
-    A_DIV: tl.constexpr,
-    GROUP: tl.constexpr,
-    NG: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    GATED: tl.constexpr,
-    ACT: tl.constexpr,
-    WEIGHT_ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Decode path: one routed pair x ``BLOCK_N`` output columns, int4 weights, no dot.
-
-    Grid: pairs x column tiles. Each packed byte of a used expert is read once per pair
-    that routes to it, so this is chosen only when pairs rarely share an expert. The
-    low and high nibbles multiply the even and odd input columns in float32; the zero
-    point is folded out per group: ``sum((q - z) x) = sum(q x) - z sum(x)``::
-
-        e = ids[p]; if e < 0: return
-        for k in 0..K step BLOCK_K (NG groups of BLOCK_K/NG columns):
-            q_lo, q_hi = bytes[e, n, k/2 : (k+BLOCK_K)/2] & 15, >> 4
-            dot[n, g] = sum(q_lo x_even + q_hi x_odd) - z[n, g] sum(x)
-            acc[n] += sum_g scale[n, g] * dot[n, g]
-    """
-    p = tl.program_id(0)
-    e = tl.load(ids_ptr + p)
-    if e < 0:
-        return
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    rows = offs_n.to(tl.int64)[:, None]
-    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
-    b_e = b_ptr + e.to(tl.int64) * stride_be
-    s_e = scale_ptr + e.to(tl.int64) * stride_se
-    z_e = zero_ptr + e.to(tl.int64) * stride_se
-    GK: tl.constexpr = BLOCK_K // (2 * NG)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        j_mask = offs_j < K // 2
-        x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
-        x_even3 = tl.reshape(x_even, (NG, GK))
-        x_odd3 = tl.reshape(x_odd, (NG, GK))
-        x_sum = tl.sum(x_even3 + x_odd3, axis=1)
-        offs_g = k0 // GROUP + tl.arange(0, NG)
-        g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
-        w_mask = n_mask[:, None] & j_mask[None, :]
-        packed = tl.load(b_e + rows * stride_bn + offs_j[None, :], mask=w_mask, other=0)
-        acc += _gemv_step(
-            packed,
-            x_even3,
-            x_odd3,
-            x_sum,
-            s_e,
-            z_e,
-            rows * stride_sn + offs_g[None, :],
-            g_mask,
-            HAS_ZP,
-            BLOCK_N,
-            NG,
-            GK,
-        )
-        if GATED:
-            up_rows = (offs_n + N).to(tl.int64)[:, None]
-            packed_up = tl.load(
-                b_e + up_rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
-            )
-            acc_up += _gemv_step(
-                packed_up,
-                x_even3,
-                x_odd3,
-                x_sum,
-                s_e,
-                z_e,
-                up_rows * stride_sn + offs_g[None, :],
-                g_mask,
-                HAS_ZP,
-                BLOCK_N,
-                NG,
-                GK,
-            )
-    if WEIGHT_ROWS:
-        rw = tl.load(topk_weights_ptr + p)
-        acc = acc * rw
-        acc_up = acc_up * rw
-    if GATED:
-        acc = _activate(acc, acc_up, alpha, limit, ACT)
-    c_ptrs = c_ptr + p.to(tl.int64) * stride_cm + offs_n
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=n_mask)
-
-
-@triton.jit
-def _gemv_step(
-    packed,
-    x_even3,
-    x_odd3,
-    x_sum,
-    s_e,
-    z_e,
-    g_offs,
-    g_mask,
-    HAS_ZP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NG: tl.constexpr,
-    GK: tl.constexpr,
-):
-    """``sum_g scale[n, g] * (sum_k q[n, k] x[k] - z[n, g] sum_k x[k])`` for one tile."""
-    lo = tl.reshape((packed & 0xF).to(tl.float32), (BLOCK_N, NG, GK))
-    hi = tl.reshape((packed >> 4).to(tl.float32), (BLOCK_N, NG, GK))
-    dot = tl.sum(lo * x_even3[None, :, :] + hi * x_odd3[None, :, :], axis=2)
-    s = tl.load(s_e + g_offs, mask=g_mask, other=0.0).to(tl.float32)
-    if HAS_ZP:
-        z = tl.load(z_e + g_offs, mask=g_mask, other=0).to(tl.float32)
-    else:
-        z = tl.full([BLOCK_N, NG], 8.0, dtype=tl.float32)
-    return tl.sum(s * (dot - z * x_sum[None, :]), axis=1)
-
-
-@triton.jit
-def _moe_gemv_words_kernel(
-    # pointers
-    a_ptr,
-    b_ptr,
-    scale_ptr,
-    zero_ptr,
-    c_ptr,
-    ids_ptr,
-    topk_weights_ptr,
-    # sizes
-    N,
-    K,
-    k_per_split,
-    alpha,
-    limit,
-    # strides
-    stride_am,
-    stride_be,
-    stride_bn,
-    stride_se,
-    stride_sn,
-    stride_cs,
-    stride_cm,
-    # meta-parameters
-    A_DIV: tl.constexpr,
-    GROUP: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    GATED: tl.constexpr,
-    ACT: tl.constexpr,
-    WEIGHT_ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Decode path: one routed pair x ``BLOCK_N`` columns x one K split, no dot.
-
-    ``b_ptr`` is the int4 data viewed as int32 words (8 codes each, element ``8j + i``
-    in bits ``4i..4i+3``). A step of ``BLOCK_K`` columns lies in one group, so the
-    zero point folds out per step: ``sum((q - z) x) = sum(q x) - z sum(x)``; codes
-    become floats by bit pattern (``_biased``), not by conversion instructions::
-
-        e = ids[p]; if e < 0: return
-        for k in the split's range, step BLOCK_K:
-            q = nibbles of words[e, n, k/8 : (k+BLOCK_K)/8]
-            acc[n] += scale[n, k/G] * (sum(q x[k:k+BLOCK_K]) - z[n, k/G] sum(x))
-        gated: C[p, n] = act(acc) * acc_up;  else C[s, p, n] = acc
-    """
-    p = tl.program_id(0)
-    e = tl.load(ids_ptr + p)
-    if e < 0:
-        return
-    pid_s = tl.program_id(2)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
-    b_e = b_ptr + e.to(tl.int64) * stride_be
-    s_e = scale_ptr + e.to(tl.int64) * stride_se
-    z_e = zero_ptr + e.to(tl.int64) * stride_se
-    shifts = tl.arange(0, 8) * 4
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    k_start = pid_s * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
-        x2 = tl.reshape(x, (BLOCK_K // 8, 8))
-        x_sum = tl.sum(x, axis=0)
-        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        w_mask = n_mask[:, None] & (offs_w[None, :] < k_end // 8)
-        acc += _gemv_words_step(
-            b_e, s_e, z_e, offs_n, n_mask, offs_w, w_mask, x2, x_sum, shifts, k0,
-            stride_bn, stride_sn, GROUP, HAS_ZP,
-        )  # fmt: skip
-        if GATED:
-            acc_up += _gemv_words_step(
-                b_e, s_e, z_e, offs_n + N, n_mask, offs_w, w_mask, x2, x_sum, shifts,
-                k0, stride_bn, stride_sn, GROUP, HAS_ZP,
-            )  # fmt: skip
-    if WEIGHT_ROWS:
-        rw = tl.load(topk_weights_ptr + p)
-        acc = acc * rw
-        acc_up = acc_up * rw
-    if GATED:
-        acc = _activate(acc, acc_up, alpha, limit, ACT)
-    c_ptrs = c_ptr + pid_s * stride_cs + p.to(tl.int64) * stride_cm + offs_n
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=n_mask)
-
-
-@triton.jit
-def _gemv_words_step(
-    b_e,
-    s_e,
-    z_e,
-    offs_n,
-    n_mask,
-    offs_w,
-    w_mask,
-    x2,
-    x_sum,
-    shifts,
-    k0,
-    stride_bn,
-    stride_sn,
-    GROUP: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-):
-    """``scale[n] * (sum_k q[n, k] x[k] - z[n] sum_k x[k])`` over one step's words."""
-    rows = offs_n.to(tl.int64)
-    words = tl.load(
-        b_e + rows[:, None] * stride_bn + offs_w[None, :], mask=w_mask, other=0
-    )
-    nib = (words[:, :, None] >> shifts[None, None, :]) & 0xF
-    q = (nib | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    dot = tl.sum(tl.sum(q * x2[None, :, :], axis=2), axis=1)
-    g_ptr = rows * stride_sn + k0 // GROUP
-    s = tl.load(s_e + g_ptr, mask=n_mask, other=0.0).to(tl.float32)
-    if HAS_ZP:
-        z = tl.load(z_e + g_ptr, mask=n_mask, other=0).to(tl.float32)
-        dot = dot - z * x_sum
-    else:
-        dot = dot - 8.0 * x_sum
-    return s * dot
-
-
-@triton.jit
-def _dequant_kernel(
-    b_ptr,
-    scale_ptr,
-    zero_ptr,
-    out_ptr,
-    R,
-    K,
-    stride_br,
-    stride_sr,
-    stride_or,
-    GROUP: tl.constexpr,
-    HAS_ZP: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """``out[r, k] = (q[r, k] - z[r, k/G]) * s[r, k/G]`` for rows ``r`` of all experts.
-
-    Grid: row tiles x column tiles; a column tile lies in one group (``BLOCK_K``
-    divides ``GROUP``). Rows are the experts' rows flattened (``E * N``).
-    """
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    k0 = tl.program_id(1) * BLOCK_K
-    r_mask = offs_r < R
-    rows = offs_r.to(tl.int64)
-    offs_p = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    mask = r_mask[:, None] & (offs_p[None, :] < K // 2)
-    packed = tl.load(b_ptr + rows[:, None] * stride_br + offs_p[None, :], mask=mask)
-    q = _biased(tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_R, BLOCK_K)), 0)
-    g_ptr = rows * stride_sr + k0 // GROUP
-    s = tl.load(scale_ptr + g_ptr, mask=r_mask, other=0.0).to(tl.float32)
-    if HAS_ZP:
-        z = tl.load(zero_ptr + g_ptr, mask=r_mask, other=0).to(tl.float32)
-    else:
-        z = tl.full([BLOCK_R], 8.0, tl.float32)
-    w = (q - (z + 8388608.0)[:, None]) * s[:, None]
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    out_mask = r_mask[:, None] & (offs_k[None, :] < K)
-    tl.store(
-        out_ptr + rows[:, None] * stride_or + offs_k[None, :],
-        w.to(out_ptr.dtype.element_ty),
-        mask=out_mask,
     )

@@ -209,7 +209,7 @@ def test_cuda_graph_capture_and_replay(name: str) -> None:
         assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[dtype]
 
 
-@pytest.mark.parametrize("tokens", [1, 64, 1024])
+@pytest.mark.parametrize("tokens", [1, 64, 1024, 2048])  # 2048: the dequant path
 @pytest.mark.parametrize("name", BACKENDS)
 def test_forward_makes_no_host_sync(name: str, tokens: int) -> None:
     config, dtype = _config(e=64, k=8), torch.bfloat16

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backends.triton import TritonW4A16Backend
-from backends.triton._launch import fused_moe, use_gemv
+from backends.triton._fused import fused_moe, use_gemv
 from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme

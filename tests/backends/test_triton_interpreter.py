@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import backends.triton._configs as configs
 from backends.base import DeviceInfo, Support
 from backends.reference import ReferenceBackend
 from backends.registry import select_backend
@@ -19,8 +20,9 @@ from backends.triton import (
     TritonW4A16Backend,
 )
 from backends.triton._align import align_pairs_to_blocks
-from backends.triton._configs import GEMV_BY_DEFAULT
-from backends.triton._launch import ExpertMatrix, fused_moe, use_gemv
+from backends.triton._configs import DEQUANT_PAIRS_PER_EXPERT, GEMV_BY_DEFAULT
+from backends.triton._fused import fused_moe, use_dequant, use_gemv
+from backends.triton._launch import ExpertMatrix
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -293,8 +295,75 @@ def test_gemv_is_the_decode_rule() -> None:
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert not use_gemv(1, dense, enabled=True)
     assert not use_gemv(1, w13, enabled=False)
-    # off by default until measured on a GPU (backends/triton/_configs.py)
     assert use_gemv(1, w13) is GEMV_BY_DEFAULT
+
+
+def test_dequant_is_the_prefill_rule() -> None:
+    w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
+    assert use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, w13)
+    assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT - 1, w13)
+    dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
+    assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, dense)
+
+
+@pytest.mark.parametrize(
+    "chunked", [False, True], ids=["one-chunk", "chunk-per-expert"]
+)
+@pytest.mark.parametrize(
+    ("scheme", "activation", "dtype", "top_k", "on_input"),
+    [GEMV_CASES[0], GEMV_CASES[1], GEMV_CASES[3], GEMV_CASES[4]],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_dequant_prefill_path_matches_oracle_and_gemm(
+    scheme: Int4Scheme,
+    activation: Activation,
+    dtype: torch.dtype,
+    top_k: int,
+    on_input: bool,
+    chunked: bool,
+    generator: torch.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if chunked:  # a scratch of one byte still holds one expert: E chunks
+        monkeypatch.setattr(configs, "DEQUANT_SCRATCH_BYTES", 1)
+    config = MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+        apply_router_weight_on_input=on_input,
+    )
+    weights = _weights(scheme, dtype, generator)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(5, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    ids = routing.topk_ids.clone()
+    ids[2, 0] = -1  # an expert held elsewhere
+    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="dequant"
+    )
+    gemm = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm")
+    assert out.dtype == dtype
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    tol = KERNEL_VS_ORACLE[dtype]
+    torch.testing.assert_close(out, gemm, rtol=tol["rtol"], atol=tol["atol"])
+
+
+def test_dequant_path_refuses_16_bit_weights(generator: torch.Generator) -> None:
+    dense = ExpertMatrix(data=torch.zeros(E, 2 * F, D, dtype=torch.bfloat16))
+    routing = route_topk(torch.randn(1, E, generator=generator), _config())
+    with pytest.raises(DTypeError, match="dequant path needs int4"):
+        fused_moe(
+            torch.zeros(1, D, dtype=torch.bfloat16),
+            dense,
+            dense,
+            routing,
+            _config(),
+            path="dequant",
+        )
 
 
 def test_gemv_refuses_16_bit_weights(generator: torch.Generator) -> None:

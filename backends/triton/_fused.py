@@ -1,0 +1,226 @@
+"""The fused MoE layer on the Triton kernels, and the rules that pick its path.
+
+May import core; triton only inside functions. Three paths compute the same layer:
+
+- ``gemv`` (int4, decode): two pair-major GEMVs and the top-k sum, three launches;
+  taken when pairs rarely share an expert (``use_gemv``).
+- ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
+  the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
+  registers, 16-bit weights (triton-emulation) are read as they are.
+- ``dequant`` (int4, prefill): the ``gemm`` path on 16-bit weights, with chunks of
+  experts dequantized into a bounded scratch buffer just before their GEMMs;
+  taken from ``DEQUANT_PAIRS_PER_EXPERT`` pairs per expert (``use_dequant``).
+
+Every buffer is sized from host-known sizes, so each path can be captured in a CUDA
+graph. Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts,
+``K`` top_k, ``N`` = T*K routed pairs, ``S`` K-splits, ``C`` experts in a chunk.
+"""
+
+from typing import Literal
+
+import torch
+
+import backends.triton._configs as configs
+from backends.triton._align import align_pairs_to_blocks
+from backends.triton._configs import GemmTiles, MoETiles, choose_tiles
+from backends.triton._launch import (
+    ExpertMatrix,
+    buffer_dtype,
+    dequantize_experts,
+    is_interpreting,
+    launch_gemm,
+    launch_gemv,
+    reduce_topk,
+)
+from core.config import MoEConfig
+from core.errors import DTypeError
+from core.routing import Routing
+
+Path = Literal["auto", "gemm", "gemv", "dequant"]
+
+
+def use_gemv(
+    num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
+) -> bool:
+    """Decode rule: int4 weights and at most one routed pair per two experts.
+
+    Then pairs rarely share an expert, so the pair-major GEMV reads each used
+    expert's bytes about once, without the GEMM's 16-row minimum or its alignment.
+    """
+    return enabled and w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])
+
+
+def use_dequant(num_pairs: int, w13: ExpertMatrix) -> bool:
+    """Prefill rule: int4 weights and ``DEQUANT_PAIRS_PER_EXPERT`` pairs per expert."""
+    per_expert = num_pairs / int(w13.data.shape[0])
+    return w13.is_int4 and per_expert >= configs.DEQUANT_PAIRS_PER_EXPERT
+
+
+def pick_tiles(num_pairs: int, w13: ExpertMatrix, w2: ExpertMatrix) -> MoETiles:
+    """The tile table's entry for these sizes (small tiles in the interpreter)."""
+    if is_interpreting():
+        return configs.INTERPRETER
+    return choose_tiles(
+        num_pairs=num_pairs,
+        num_experts=int(w13.data.shape[0]),
+        hidden_size=int(w2.data.shape[1]),
+        intermediate_size=int(w13.data.shape[1]) // 2,
+    )
+
+
+def pick_gemv_tiles(num_pairs: int) -> GemmTiles:
+    """GEMV tiles: narrow and deep for a handful of pairs, wider for more."""
+    if is_interpreting():
+        return configs.GEMV_INTERPRETER
+    if num_pairs <= configs.GEMV_FEW_PAIRS:
+        return configs.GEMV_FEW
+    return configs.GEMV_MANY
+
+
+def _gemv_moe(
+    x_TD: torch.Tensor,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+    routing: Routing,
+    config: MoEConfig,
+    tiles: GemmTiles | None,
+) -> torch.Tensor:
+    """The ``gemv`` path: two pair-major int4 GEMVs and the top-k sum."""
+    if not w13.is_int4 or not w2.is_int4:
+        raise DTypeError("the gemv path needs int4 (uint8) weights, got 16-bit weights")
+    num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
+    f = int(w13.data.shape[1]) // 2
+    chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs)
+    dtype = buffer_dtype(x_TD.dtype)
+    inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
+    launch_gemv(
+        x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
+        tiles=chosen,
+    )  # fmt: skip
+    part_1ND = torch.empty(1, num_pairs, d, dtype=dtype, device=x_TD.device)
+    launch_gemv(
+        inter_NF, w2, part_1ND[0], n=d, routing=routing, config=config, gated=False,
+        tiles=chosen,
+    )  # fmt: skip
+    weighted = not config.apply_router_weight_on_input
+    return reduce_topk(part_1ND, routing, weighted=weighted, dtype=x_TD.dtype)
+
+
+def _chunk_experts(w13: ExpertMatrix, w2: ExpertMatrix) -> int:
+    """Experts per chunk of the ``dequant`` path: scratch <= DEQUANT_SCRATCH_BYTES."""
+    per_expert = 2 * 2 * max(int(w13.data[0].numel()), int(w2.data[0].numel()))
+    fits = configs.DEQUANT_SCRATCH_BYTES // per_expert
+    return max(1, min(int(w13.data.shape[0]), fits))
+
+
+def _gemm_moe(
+    x_TD: torch.Tensor,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+    routing: Routing,
+    config: MoEConfig,
+    tiles: MoETiles,
+    *,
+    dequant: bool,
+) -> torch.Tensor:
+    """The ``gemm`` path, or with ``dequant`` the ``dequant`` path (chunk by chunk)."""
+    num_experts = int(w13.data.shape[0])
+    num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
+    f = int(w13.data.shape[1]) // 2
+    align = align_pairs_to_blocks(routing.topk_ids, num_experts, block_m=tiles.block_m)
+    dtype = buffer_dtype(x_TD.dtype)
+    inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
+    split = tiles.w2.split_k
+    part_dtype = torch.float32 if split > 1 else dtype
+    part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
+    step = _chunk_experts(w13, w2) if dequant else num_experts
+    scratch = None
+    if dequant:
+        scratch = torch.empty(
+            step * max(int(w13.data[0].numel()), int(w2.data[0].numel())) * 2,
+            dtype=dtype,
+            device=x_TD.device,
+        )
+    for lo in range(0, num_experts, step):
+        hi = min(lo + step, num_experts)
+        b13 = w13 if scratch is None else _dequantized(w13, lo, hi, scratch)
+        launch_gemm(
+            x_TD, b13, inter_NF, align, tiles.w13, n=f, routing=routing,
+            config=config, gated=True, experts=(lo, hi),
+        )  # fmt: skip
+        b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
+        launch_gemm(
+            inter_NF, b2, part_SND, align, tiles.w2, n=d, routing=routing,
+            config=config, gated=False, experts=(lo, hi),
+        )  # fmt: skip
+    weighted = not config.apply_router_weight_on_input
+    return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype)
+
+
+def _dequantized(
+    b: ExpertMatrix, lo: int, hi: int, scratch: torch.Tensor
+) -> ExpertMatrix:
+    """Experts ``lo .. hi-1`` of ``b`` dequantized into the front of ``scratch``."""
+    rows, cols = int(b.data.shape[1]), 2 * int(b.data.shape[2])
+    out = scratch[: (hi - lo) * rows * cols].view(hi - lo, rows, cols)
+    dequantize_experts(b, lo, hi, out)
+    return ExpertMatrix(data=out)
+
+
+def fused_moe(
+    hidden_TD: torch.Tensor,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+    routing: Routing,
+    config: MoEConfig,
+    *,
+    tiles: MoETiles | None = None,
+    path: Path = "auto",
+    gemv_tiles: GemmTiles | None = None,
+) -> torch.Tensor:
+    """The MoE layer: routed experts' gated MLPs, weighted and summed per token.
+
+    Args:
+        hidden_TD: ``(T, D)`` bf16 or fp16 activations.
+        w13: gate and up rows ``(E, 2F, D)`` (packed or 16-bit).
+        w2: down rows ``(E, D, F)`` (packed or 16-bit).
+        routing: ``(T, K)`` float32 weights and ids (``-1`` contributes zero).
+        config: activation and ``apply_router_weight_on_input``.
+        tiles: GEMM tile override (benchmark sweeps); default from the tile table.
+        path: ``gemv``, ``gemm``, ``dequant`` (see the module doc) or ``auto``:
+            ``gemv`` where ``use_gemv``, ``dequant`` where ``use_dequant``, else
+            ``gemm``. ``gemv`` and ``dequant`` need int4 weights.
+        gemv_tiles: GEMV tile override (benchmark sweeps).
+
+    Returns:
+        ``(T, D)`` in the dtype of ``hidden_TD``.
+    """
+    if hidden_TD.dtype not in (torch.bfloat16, torch.float16):
+        raise DTypeError(
+            f"hidden_states must be bfloat16 or float16, got {hidden_TD.dtype}"
+        )
+    t, d = hidden_TD.shape
+    if t == 0:
+        return hidden_TD.new_empty((0, d))
+    routing = Routing(
+        topk_weights=routing.topk_weights.float().contiguous(),
+        topk_ids=routing.topk_ids.contiguous(),
+    )
+    x_TD = hidden_TD.contiguous()
+    num_pairs = routing.topk_ids.numel()
+    if path == "auto":
+        path = "gemm"
+        if tiles is not None:
+            pass  # a GEMM tile override asks for the gemm path
+        elif use_gemv(num_pairs, w13):
+            path = "gemv"
+        elif use_dequant(num_pairs, w13):
+            path = "dequant"
+    if path == "gemv":
+        return _gemv_moe(x_TD, w13, w2, routing, config, gemv_tiles)
+    if path == "dequant" and not (w13.is_int4 and w2.is_int4):
+        raise DTypeError(
+            "the dequant path needs int4 (uint8) weights, got 16-bit weights"
+        )
+    chosen = tiles if tiles is not None else pick_tiles(num_pairs, w13, w2)
+    return _gemm_moe(x_TD, w13, w2, routing, config, chosen, dequant=path == "dequant")

@@ -1,0 +1,153 @@
+"""Triton decode kernel of triton-w4a16: the pair-major int4 GEMV (``@triton.jit`` only).
+
+The typed host wrapper is ``_launch_gemv`` in ``_launch.py``; names as in
+``_kernels.py`` (``N`` output columns, ``K`` reduction, one program per routed pair
+and column tile).
+"""
+
+import triton
+import triton.language as tl
+
+from backends.triton._kernels import _activate
+
+
+@triton.jit
+def _moe_gemv_kernel(
+    # pointers
+    a_ptr,
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    c_ptr,
+    ids_ptr,
+    topk_weights_ptr,
+    # sizes
+    N,
+    K,
+    alpha,
+    limit,
+    # strides
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_se,
+    stride_sn,
+    stride_cm,
+    # meta-parameters
+    A_DIV: tl.constexpr,
+    GROUP: tl.constexpr,
+    NG: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    WEIGHT_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Decode path: one routed pair x ``BLOCK_N`` output columns, int4 weights, no dot.
+
+    Grid: pairs x column tiles. Each packed byte of a used expert is read once per pair
+    that routes to it, so this is chosen only when pairs rarely share an expert. The
+    low and high nibbles multiply the even and odd input columns in float32; the zero
+    point is folded out per group: ``sum((q - z) x) = sum(q x) - z sum(x)``::
+
+        e = ids[p]; if e < 0: return
+        for k in 0..K step BLOCK_K (NG groups of BLOCK_K/NG columns):
+            q_lo, q_hi = bytes[e, n, k/2 : (k+BLOCK_K)/2] & 15, >> 4
+            dot[n, g] = sum(q_lo x_even + q_hi x_odd) - z[n, g] sum(x)
+            acc[n] += sum_g scale[n, g] * dot[n, g]
+    """
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p)
+    if e < 0:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    rows = offs_n.to(tl.int64)[:, None]
+    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
+    b_e = b_ptr + e.to(tl.int64) * stride_be
+    s_e = scale_ptr + e.to(tl.int64) * stride_se
+    z_e = zero_ptr + e.to(tl.int64) * stride_se
+    GK: tl.constexpr = BLOCK_K // (2 * NG)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        j_mask = offs_j < K // 2
+        x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
+        x_even3 = tl.reshape(x_even, (NG, GK))
+        x_odd3 = tl.reshape(x_odd, (NG, GK))
+        x_sum = tl.sum(x_even3 + x_odd3, axis=1)
+        offs_g = k0 // GROUP + tl.arange(0, NG)
+        g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
+        w_mask = n_mask[:, None] & j_mask[None, :]
+        packed = tl.load(b_e + rows * stride_bn + offs_j[None, :], mask=w_mask, other=0)
+        acc += _gemv_step(
+            packed,
+            x_even3,
+            x_odd3,
+            x_sum,
+            s_e,
+            z_e,
+            rows * stride_sn + offs_g[None, :],
+            g_mask,
+            HAS_ZP,
+            BLOCK_N,
+            NG,
+            GK,
+        )
+        if GATED:
+            up_rows = (offs_n + N).to(tl.int64)[:, None]
+            packed_up = tl.load(
+                b_e + up_rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
+            )
+            acc_up += _gemv_step(
+                packed_up,
+                x_even3,
+                x_odd3,
+                x_sum,
+                s_e,
+                z_e,
+                up_rows * stride_sn + offs_g[None, :],
+                g_mask,
+                HAS_ZP,
+                BLOCK_N,
+                NG,
+                GK,
+            )
+    if WEIGHT_ROWS:
+        rw = tl.load(topk_weights_ptr + p)
+        acc = acc * rw
+        acc_up = acc_up * rw
+    if GATED:
+        acc = _activate(acc, acc_up, alpha, limit, ACT)
+    c_ptrs = c_ptr + p.to(tl.int64) * stride_cm + offs_n
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _gemv_step(
+    packed,
+    x_even3,
+    x_odd3,
+    x_sum,
+    s_e,
+    z_e,
+    g_offs,
+    g_mask,
+    HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NG: tl.constexpr,
+    GK: tl.constexpr,
+):
+    """``sum_g scale[n, g] * (sum_k q[n, k] x[k] - z[n, g] sum_k x[k])`` for one tile."""
+    lo = tl.reshape((packed & 0xF).to(tl.float32), (BLOCK_N, NG, GK))
+    hi = tl.reshape((packed >> 4).to(tl.float32), (BLOCK_N, NG, GK))
+    dot = tl.sum(lo * x_even3[None, :, :] + hi * x_odd3[None, :, :], axis=2)
+    s = tl.load(s_e + g_offs, mask=g_mask, other=0.0).to(tl.float32)
+    if HAS_ZP:
+        z = tl.load(z_e + g_offs, mask=g_mask, other=0).to(tl.float32)
+    else:
+        z = tl.full([BLOCK_N, NG], 8.0, dtype=tl.float32)
+    return tl.sum(s * (dot - z * x_sum[None, :]), axis=1)
