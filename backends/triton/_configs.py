@@ -89,9 +89,9 @@ def choose_tiles(
     """Tiles for one forward; pure over the (host-known) sizes.
 
     The row block is sized from the expected pairs per expert, so that at decode sizes
-    each busy expert gets one block and its weights are read once. Decode columns:
-    32 x 256 (128 contiguous bytes per row and step) was the fastest of the measured
-    tiles at M = 4 to 64 (Qwen3-235B and DeepSeek-V3 at 4, 16, 64; Mixtral and
+    each busy expert gets one block and its weights are read once. Decode columns at
+    16-row blocks: 32 x 256 (128 contiguous bytes per row and step) was the fastest
+    of the measured tiles (Qwen3-235B and DeepSeek-V3 at M = 4, 16, 64; Mixtral and
     Qwen3-30B at 64; bench/TUNING.md). The w2 split is sized as in that sweep.
     """
     per_expert = -(-num_pairs // num_experts)
@@ -99,7 +99,10 @@ def choose_tiles(
     if per_expert <= 64:
         block_m = min(64, max(16, _next_pow2(per_expert)))
         w2_out = busy * -(-hidden_size // 64)
-        tiles = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
+        if block_m == 16:
+            tiles = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
+        else:  # 32 x 256 was 1.6-2.7x slower than this at 32-64 rows (bench/TUNING.md)
+            tiles = GemmTiles(block_n=64, block_k=128, num_warps=4, num_stages=4)
         return MoETiles(
             block_m=block_m,
             w13=tiles,
