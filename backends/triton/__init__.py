@@ -1,4 +1,4 @@
-"""Triton backends for CUDA: fused W4A16 (int4 in registers) and bf16 emulation.
+"""Triton backends for CUDA: fused W4A16 (int4 resident) and bf16 emulation.
 
 May import core and backends; triton only inside functions (``_kernels`` is imported
 when a kernel first runs). Shape legend: ``T`` tokens, ``D`` hidden, ``F``
@@ -91,10 +91,14 @@ class TritonW4A16Prepared(PreparedExperts):
 
 @final
 class TritonW4A16Backend:
-    """Fused W4A16 MoE: packed int4 bytes are dequantized in registers before the dot.
+    """Fused W4A16 MoE on int4 weights; ``_fused.py`` picks the path per call.
 
-    Weights stay in the canonical layout (int4 memory); every scheme and group size,
-    bf16 and fp16 activations, every activation of ``core``.
+    Weights stay in the canonical layout (int4 memory). Decode sizes run an int4 GEMV
+    or a grouped GEMM that dequantizes in registers before the dot; from 256 routed
+    pairs per expert, chunks of experts are dequantized into a 16-bit scratch buffer
+    of at most 1 GiB just before their GEMMs (``_configs.DEQUANT_SCRATCH_BYTES``).
+    Every scheme and group size, bf16 and fp16 activations, every activation of
+    ``core``.
     """
 
     @property

@@ -57,8 +57,9 @@ GEMV_MANY: Final = GemmTiles(block_n=32, block_k=256, num_warps=4)
 GEMV_FEW_PAIRS: Final = 8
 GEMV_BY_DEFAULT: Final = True
 """Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it. At M = 1 it beat
-the grouped GEMM by 1.3-1.6x on all four model shapes, at M = 4 (Qwen3-235B,
-DeepSeek-V3) by 1.1-1.3x; at M = 16 on DeepSeek-V3 the two were within 2%."""
+the grouped GEMM with its best measured tiles by 1.1-1.3x on all four model shapes, at
+M = 4 (Qwen3-235B, DeepSeek-V3) by 1.1x; at M = 16 on DeepSeek-V3 (the rule's edge) the
+GEMM was 2% faster."""
 GEMV_INTERPRETER: Final = GemmTiles(block_n=16, block_k=64)
 """Decode GEMV in the CPU interpreter: small tiles, several steps and groups per step."""
 DEQUANT_PAIRS_PER_EXPERT: Final = 256
@@ -66,9 +67,10 @@ DEQUANT_PAIRS_PER_EXPERT: Final = 256
 experts to 16 bits and runs the 16-bit grouped GEMM on it instead of dequantizing in
 registers (which repeats the work for every row block). M = 4096: Mixtral 6.9 vs
 12.1-13.6 ms, Qwen3-235B 5.9 vs 7.7 ms; M = 1024 at 64 pairs per expert (Qwen3-235B)
-the in-register GEMM still won (2.6 vs 3.9 ms)."""
+the in-register GEMM still won (2.6 vs 3.9 ms), and at 128 (DeepSeek-V3, M = 4096) the
+two tied (20.8 vs 20.0 ms)."""
 DEQUANT_SCRATCH_BYTES: Final = 1 << 30
-"""Upper bound of that path's 16-bit scratch buffer (at least one expert's matrix)."""
+"""Bound of that path's 16-bit scratch buffer; it always holds at least one expert."""
 
 
 def _next_pow2(x: int) -> int:
