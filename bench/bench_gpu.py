@@ -40,6 +40,14 @@ MODELS = {  # name: (E, top_k, D, F)
     "deepseek-v3": (256, 8, 7168, 2048),
 }
 MS = [1, 4, 16, 64, 256, 1024, 4096]
+GEMV_LOOP_VARIANTS: dict[str, dict[str, object]] = {
+    "base": {},
+    "prefetch": {"prefetch": True},
+    "stages2": {"loop_stages": 2},
+    "stages3": {"loop_stages": 3},
+    "stages4": {"loop_stages": 4},
+}
+"""Loop variants of the decode GEMV (``GEMV_VARIANT`` picks one; sweep_tiles.py times them)."""
 GROUP = 128
 HERE = Path(__file__).resolve().parent
 FLUSH = torch.empty(512 * 1024**2, dtype=torch.uint8, device="cuda")  # > 60 MB L2
@@ -274,7 +282,8 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "FLOPs / bf16 rate); bytes = active experts' int4 weights + scales + activations.",
         "Eager times include launch overhead; `graph` = CUDA-graph replay (M <= 64), L2",
         "flushed before every timed run. Outputs checked against the float32 reference",
-        "(`relerr` columns in results.json) before timing.",
+        "(`relerr` columns in results.json) before timing. GEMV loop variant: "
+        f"`{meta['gemv_variant']}` (bench/sweep_tiles.py).",
         "",
         "`path` is the path triton-w4a16 took (backends/triton/_fused.py): `gemv` (decode",
         "GEMV), `gemm` (grouped GEMM, int4 dequantized in registers) or `dequant` (chunks",
@@ -332,8 +341,22 @@ def plot(rows: list[dict[str, object]], name: str, path: Path) -> None:
     plt.close(fig)
 
 
+def apply_gemv_variant() -> str:
+    """Apply ``GEMV_VARIANT`` (a key of GEMV_LOOP_VARIANTS) to the GEMV tile table."""
+    import attrs
+
+    import backends.triton._configs as configs
+
+    name = os.environ.get("GEMV_VARIANT", "base")
+    kw = GEMV_LOOP_VARIANTS[name]
+    configs.GEMV_FEW = attrs.evolve(configs.GEMV_FEW, **kw)  # type: ignore[misc]
+    configs.GEMV_MANY = attrs.evolve(configs.GEMV_MANY, **kw)  # type: ignore[misc]
+    return name
+
+
 def main() -> None:
     torch.manual_seed(0)
+    variant = apply_gemv_variant()
     bw, rate = copy_bandwidth(), matmul_rate()
     meta: dict[str, object] = {
         "date": datetime.date.today().isoformat(),
@@ -342,6 +365,7 @@ def main() -> None:
         "triton": triton.__version__,
         "copy_bw": bw,
         "bf16_flops": rate,
+        "gemv_variant": variant,
     }
     print(f"copy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
     rows: list[dict[str, object]] = []

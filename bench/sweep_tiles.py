@@ -1,8 +1,9 @@
 """Variant sweep for backends/triton/_configs.py (run on the GPU).
 
-``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|prefill [model ...]``: for the model
+``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill [model ...]``: for the model
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
-grouped GEMM and the GEMV; at prefill the in-register GEMM, the dequant path and
+grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
+prints the one bench_gpu.py should take (``GEMV_VARIANT``); at prefill the in-register GEMM, the dequant path and
 ``torch._grouped_mm`` on bf16 weights. Decode sizes (M <= 64) are timed under
 CUDA-graph replay, prefill eagerly; each output is checked against the float32
 reference first. Prints one line per variant and appends it to $OUT/sweep_<mode>.jsonl.
@@ -15,6 +16,7 @@ variants that were then removed: see bench/TUNING.md).
 # each lambda is timed inside the loop iteration that defines it.
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
+    GEMV_LOOP_VARIANTS,
     GROUP,
     MODELS,
     copy_bandwidth,
@@ -39,8 +42,8 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import GemmTiles, MoETiles
-from backends.triton._fused import fused_moe, pick_tiles
+from backends.triton._configs import GemmTiles, GemvTiles, MoETiles
+from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
@@ -61,8 +64,16 @@ PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
 ]
 
 
-def variants(m: int, default: MoETiles) -> dict[str, dict[str, object]]:
+def variants(
+    m: int, k: int, default: MoETiles, mode: str
+) -> dict[str, dict[str, object]]:
     """Keyword arguments of fused_moe per variant name."""
+    if mode == "gemv":
+        base = pick_gemv_tiles(m * k)
+        return {
+            f"gemv {name}": {"path": "gemv", "gemv_tiles": attrs.evolve(base, **kw)}
+            for name, kw in GEMV_LOOP_VARIANTS.items()
+        }
     out: dict[str, dict[str, object]] = {"auto": {}}
     if m <= 64:
         for bn, bk, w, st in DECODE_GEMM:
@@ -74,7 +85,7 @@ def variants(m: int, default: MoETiles) -> dict[str, dict[str, object]]:
             )
             out[f"gemm bn{bn} bk{bk} w{w} s{st}"] = {"tiles": tiles, "path": "gemm"}
         for bn, bk, w in DECODE_GEMV:
-            gt = GemmTiles(block_n=bn, block_k=bk, num_warps=w)
+            gt = GemvTiles(block_n=bn, block_k=bk, num_warps=w)
             out[f"gemv bn{bn} bk{bk} w{w}"] = {"gemv_tiles": gt, "path": "gemv"}
         return out
     for bm, bn13, bn2, bk, w, st in PREFILL_GEMM:
@@ -96,7 +107,7 @@ def main() -> None:
     bw = copy_bandwidth()
     out_path = Path(os.environ.get("OUT", "/tmp")) / f"sweep_{mode}.jsonl"
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
-    ms_list = [1, 4, 16, 64] if mode == "decode" else [256, 1024, 4096]
+    ms_list = {"decode": [1, 4, 16, 64], "gemv": [1, 4]}.get(mode, [256, 1024, 4096])
     if os.environ.get("SWEEP_M"):
         ms_list = [int(v) for v in os.environ["SWEEP_M"].split(",")]
     for name in only:
@@ -117,7 +128,7 @@ def main() -> None:
             ref = moe_forward_reference(x, q, r, cfg)
             default = pick_tiles(m * k, w13, w2)
             fns: dict[str, Callable[[], torch.Tensor]] = {}
-            for key, kw in variants(m, default).items():
+            for key, kw in variants(m, k, default, mode).items():
                 fns[key] = lambda kw=kw: fused_moe(x, w13, w2, r, cfg, **kw)
             if dense is not None:
                 fns["emulation (bf16 resident)"] = lambda dn=dense: fused_moe(
@@ -145,6 +156,35 @@ def main() -> None:
                     fh.write(json.dumps(row) + "\n")
         del q, dense
         torch.cuda.empty_cache()
+    if mode == "gemv":
+        print(f"GEMV_VARIANT={choose_gemv_variant(out_path)}", flush=True)
+
+
+def choose_gemv_variant(path: Path) -> str:
+    """The GEMV loop variant bench_gpu.py should take.
+
+    The fastest one that beats ``base`` by >= 5% (geometric mean over the rows) and is
+    nowhere more than 3% slower; else ``base``.
+    """
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    base = {(r["model"], r["M"]): r["ms"] for r in rows if r["variant"] == "gemv base"}
+    best, best_gain = "base", 1.05
+    for name in GEMV_LOOP_VARIANTS:
+        ratios = [
+            base[(r["model"], r["M"])] / r["ms"]
+            for r in rows
+            if r["variant"] == f"gemv {name}" and r["ms"]
+        ]
+        wrong = [
+            r for r in rows if r["variant"] == f"gemv {name}" and r["relerr"] > 1e-2
+        ]
+        if wrong or len(ratios) != len(base) or min(ratios) < 0.97:
+            continue
+        gain = math.prod(ratios) ** (1 / len(ratios))
+        print(f"{name}: geometric-mean speedup {gain:.3f}, worst {min(ratios):.3f}")
+        if gain > best_gain:
+            best, best_gain = name, gain
+    return best
 
 
 if __name__ == "__main__":

@@ -32,6 +32,26 @@ class GemmTiles:
 
 
 @attrs.frozen(kw_only=True)
+class GemvTiles:
+    """Tiles of the decode GEMV.
+
+    Attributes:
+        block_n: output rows per program.
+        block_k: reduction elements per step.
+        num_warps: warps per program.
+        prefetch: load the next step's bytes before this step's math.
+        loop_stages: software-pipeline depth Triton is asked for on the K loop
+            (``None``: its default).
+    """
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    prefetch: bool = False
+    loop_stages: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class MoETiles:
     """Row-block size shared by both GEMMs, and each GEMM's tiles."""
 
@@ -48,10 +68,10 @@ INTERPRETER: Final = MoETiles(
 """CPU interpreter: small tiles; split-K 2 so its reduction path is tested too."""
 
 
-GEMV_FEW: Final = GemmTiles(block_n=16, block_k=512, num_warps=4)
+GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
 """Decode GEMV for at most ``GEMV_FEW_PAIRS`` routed pairs (M = 1 on every model shape:
 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, 0.142 vs 0.186 ms on Mixtral)."""
-GEMV_MANY: Final = GemmTiles(block_n=32, block_k=256, num_warps=4)
+GEMV_MANY: Final = GemvTiles(block_n=32, block_k=256)
 """Decode GEMV for more pairs (M = 4 on Qwen3-235B / DeepSeek-V3: 0.208 / 0.456 ms vs
 0.213 / 0.467 for 16 x 512)."""
 GEMV_FEW_PAIRS: Final = 8
@@ -60,7 +80,7 @@ GEMV_BY_DEFAULT: Final = True
 the grouped GEMM with its best measured tiles by 1.1-1.3x on all four model shapes, at
 M = 4 (Qwen3-235B, DeepSeek-V3) by 1.1x; at M = 16 on DeepSeek-V3 (the rule's edge) the
 GEMM was 2% faster."""
-GEMV_INTERPRETER: Final = GemmTiles(block_n=16, block_k=64)
+GEMV_INTERPRETER: Final = GemvTiles(block_n=16, block_k=64)
 """Decode GEMV in the CPU interpreter: small tiles, several steps and groups per step."""
 DEQUANT_PAIRS_PER_EXPERT: Final = 256
 """From this many routed pairs per expert on, triton-w4a16 dequantizes a chunk of

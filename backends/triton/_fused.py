@@ -22,7 +22,7 @@ import torch
 
 import backends.triton._configs as configs
 from backends.triton._align import align_pairs_to_blocks
-from backends.triton._configs import GemmTiles, MoETiles, choose_tiles
+from backends.triton._configs import GemvTiles, MoETiles, choose_tiles
 from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
@@ -68,7 +68,7 @@ def pick_tiles(num_pairs: int, w13: ExpertMatrix, w2: ExpertMatrix) -> MoETiles:
     )
 
 
-def pick_gemv_tiles(num_pairs: int) -> GemmTiles:
+def pick_gemv_tiles(num_pairs: int) -> GemvTiles:
     """GEMV tiles: narrow and deep for a handful of pairs, wider for more."""
     if is_interpreting():
         return configs.GEMV_INTERPRETER
@@ -83,7 +83,7 @@ def _gemv_moe(
     w2: ExpertMatrix,
     routing: Routing,
     config: MoEConfig,
-    tiles: GemmTiles | None,
+    tiles: GemvTiles | None,
 ) -> torch.Tensor:
     """The ``gemv`` path: two pair-major int4 GEMVs and the top-k sum."""
     if not w13.is_int4 or not w2.is_int4:
@@ -176,7 +176,7 @@ def fused_moe(
     *,
     tiles: MoETiles | None = None,
     path: Path = "auto",
-    gemv_tiles: GemmTiles | None = None,
+    gemv_tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """The MoE layer: routed experts' gated MLPs, weighted and summed per token.
 

@@ -43,10 +43,13 @@ def _moe_gemv_kernel(
     WEIGHT_ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
 ):
     """Decode path: one routed pair x ``BLOCK_N`` output columns, int4 weights, no dot.
 
-    Grid: pairs x column tiles. Each packed byte of a used expert is read once per pair
+    Grid: pairs x column tiles. ``PREFETCH`` loads step ``k + 1``'s bytes before step
+    ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K loop (None: its default). Each packed byte of a used expert is read once per pair
     that routes to it, so this is chosen only when pairs rarely share an expert. The
     low and high nibbles multiply the even and odd input columns in float32; the zero
     point is folded out per group: ``sum((q - z) x) = sum(q x) - z sum(x)``::
@@ -71,8 +74,20 @@ def _moe_gemv_kernel(
     GK: tl.constexpr = BLOCK_K // (2 * NG)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    up_rows = (offs_n + N).to(tl.int64)[:, None]
+    offs_j0 = tl.arange(0, BLOCK_K // 2)
+    if PREFETCH:  # the next step's bytes are loaded before this step's math
+        first_mask = n_mask[:, None] & (offs_j0[None, :] < K // 2)
+        nxt = tl.load(
+            b_e + rows * stride_bn + offs_j0[None, :], mask=first_mask, other=0
+        )
+        nxt_up = nxt
+        if GATED:
+            nxt_up = tl.load(
+                b_e + up_rows * stride_bn + offs_j0[None, :], mask=first_mask, other=0
+            )
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=LOOP_STAGES):
+        offs_j = k0 // 2 + offs_j0
         j_mask = offs_j < K // 2
         x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
         x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
@@ -82,40 +97,34 @@ def _moe_gemv_kernel(
         offs_g = k0 // GROUP + tl.arange(0, NG)
         g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
         w_mask = n_mask[:, None] & j_mask[None, :]
-        packed = tl.load(b_e + rows * stride_bn + offs_j[None, :], mask=w_mask, other=0)
+        if PREFETCH:
+            packed = nxt
+            packed_up = nxt_up
+            offs_n2 = offs_j + BLOCK_K // 2
+            m2 = n_mask[:, None] & (offs_n2[None, :] < K // 2)
+            nxt = tl.load(b_e + rows * stride_bn + offs_n2[None, :], mask=m2, other=0)
+            if GATED:
+                nxt_up = tl.load(
+                    b_e + up_rows * stride_bn + offs_n2[None, :], mask=m2, other=0
+                )
+        else:
+            packed = tl.load(
+                b_e + rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
+            )
+            packed_up = packed
+            if GATED:
+                packed_up = tl.load(
+                    b_e + up_rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
+                )
         acc += _gemv_step(
-            packed,
-            x_even3,
-            x_odd3,
-            x_sum,
-            s_e,
-            z_e,
-            rows * stride_sn + offs_g[None, :],
-            g_mask,
-            HAS_ZP,
-            BLOCK_N,
-            NG,
-            GK,
-        )
+            packed, x_even3, x_odd3, x_sum, s_e, z_e,
+            rows * stride_sn + offs_g[None, :], g_mask, HAS_ZP, BLOCK_N, NG, GK,
+        )  # fmt: skip
         if GATED:
-            up_rows = (offs_n + N).to(tl.int64)[:, None]
-            packed_up = tl.load(
-                b_e + up_rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
-            )
             acc_up += _gemv_step(
-                packed_up,
-                x_even3,
-                x_odd3,
-                x_sum,
-                s_e,
-                z_e,
-                up_rows * stride_sn + offs_g[None, :],
-                g_mask,
-                HAS_ZP,
-                BLOCK_N,
-                NG,
-                GK,
-            )
+                packed_up, x_even3, x_odd3, x_sum, s_e, z_e,
+                up_rows * stride_sn + offs_g[None, :], g_mask, HAS_ZP, BLOCK_N, NG, GK,
+            )  # fmt: skip
     if WEIGHT_ROWS:
         rw = tl.load(topk_weights_ptr + p)
         acc = acc * rw

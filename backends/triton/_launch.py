@@ -11,7 +11,7 @@ import attrs
 import torch
 
 from backends.triton._align import BlockAlignment
-from backends.triton._configs import GemmTiles
+from backends.triton._configs import GemmTiles, GemvTiles
 from core.config import MoEConfig
 from core.routing import Routing
 
@@ -142,7 +142,7 @@ def launch_gemv(
     routing: Routing,
     config: MoEConfig,
     gated: bool,
-    tiles: GemmTiles,
+    tiles: GemvTiles,
 ) -> None:
     """Launch ``_moe_gemv_kernel`` (int4 decode path) writing ``out`` ``(N, n)``."""
     import triton
@@ -186,8 +186,9 @@ def launch_gemv(
         WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
+        PREFETCH=tiles.prefetch,
+        LOOP_STAGES=tiles.loop_stages,
         num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
     )
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from backends.triton import TritonW4A16Backend
+from backends.triton._configs import GemvTiles
 from backends.triton._fused import fused_moe, use_gemv
 from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
@@ -111,3 +112,31 @@ def test_gemv_cuda_graph() -> None:
         graph.replay()
         expected = moe_forward_reference(hidden_TD, weights, routing, config)
         assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        GemvTiles(block_n=16, block_k=512, prefetch=True),
+        GemvTiles(block_n=32, block_k=256, prefetch=True),
+        GemvTiles(block_n=16, block_k=512, loop_stages=2),
+        GemvTiles(block_n=32, block_k=256, loop_stages=3),
+    ],
+    ids=["prefetch-16x512", "prefetch-32x256", "stages2-16x512", "stages3-32x256"],
+)
+@pytest.mark.parametrize(
+    "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
+)
+def test_gemv_loop_variants(tiles: GemvTiles, scheme: Int4Scheme) -> None:
+    config = MoEConfig(num_experts=32, top_k=4, hidden_size=1536, intermediate_size=768)
+    dtype = torch.float16 if scheme.has_zero_point else torch.bfloat16
+    weights = _int4_weights(config, scheme, dtype, torch.Generator().manual_seed(9))
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(3, 1536, device="cuda").to(dtype)
+    routing = _routing(config, 3, drop=True)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+        gemv_tiles=tiles,
+    )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]

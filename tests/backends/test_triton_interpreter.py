@@ -20,7 +20,11 @@ from backends.triton import (
     TritonW4A16Backend,
 )
 from backends.triton._align import align_pairs_to_blocks
-from backends.triton._configs import DEQUANT_PAIRS_PER_EXPERT, GEMV_BY_DEFAULT
+from backends.triton._configs import (
+    DEQUANT_PAIRS_PER_EXPERT,
+    GEMV_BY_DEFAULT,
+    GemvTiles,
+)
 from backends.triton._fused import fused_moe, use_dequant, use_gemv
 from backends.triton._launch import ExpertMatrix
 from core.config import Activation, MoEConfig
@@ -286,6 +290,40 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
     assert rel_l2(expected, gemv) < REL_L2_VS_ORACLE[dtype]
     tol = KERNEL_VS_ORACLE[dtype]
     torch.testing.assert_close(gemv, gemm, rtol=tol["rtol"], atol=tol["atol"])
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        GemvTiles(block_n=16, block_k=64, prefetch=True),
+        GemvTiles(block_n=16, block_k=64, loop_stages=2),
+    ],
+    ids=["prefetch", "loop-stages-2"],
+)
+@pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
+def test_gemv_loop_variants_match_oracle(
+    tiles: GemvTiles,
+    case: tuple[Int4Scheme, Activation, torch.dtype, int, bool],
+    generator: torch.Generator,
+) -> None:
+    scheme, activation, dtype, top_k, _ = case
+    config = MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+    )
+    weights = _weights(scheme, dtype, generator)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(2, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(2, E, generator=generator), config)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+        gemv_tiles=tiles,
+    )  # fmt: skip
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
 
 
 def test_gemv_is_the_decode_rule() -> None:
