@@ -106,11 +106,17 @@ def _gemv_moe(
     return reduce_topk(part_1ND, routing, weighted=weighted, dtype=x_TD.dtype)
 
 
-def _chunk_experts(w13: ExpertMatrix, w2: ExpertMatrix) -> int:
-    """Experts per chunk of the ``dequant`` path: scratch <= DEQUANT_SCRATCH_BYTES."""
-    per_expert = 2 * 2 * max(int(w13.data[0].numel()), int(w2.data[0].numel()))
-    fits = configs.DEQUANT_SCRATCH_BYTES // per_expert
-    return max(1, min(int(w13.data.shape[0]), fits))
+def _dequant_scratch(
+    w13: ExpertMatrix, w2: ExpertMatrix, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """The ``dequant`` path's scratch and experts per chunk (<= DEQUANT_SCRATCH_BYTES).
+
+    One expert's larger matrix has ``2 * numel`` 16-bit values (two codes a byte).
+    """
+    per_expert = 2 * max(int(w13.data[0].numel()), int(w2.data[0].numel()))
+    fits = configs.DEQUANT_SCRATCH_BYTES // (2 * per_expert)
+    step = max(1, min(int(w13.data.shape[0]), fits))
+    return torch.empty(step * per_expert, dtype=dtype, device=device), step
 
 
 def _gemm_moe(
@@ -133,14 +139,9 @@ def _gemm_moe(
     split = tiles.w2.split_k
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
-    step = _chunk_experts(w13, w2) if dequant else num_experts
-    scratch = None
+    scratch, step = None, num_experts
     if dequant:
-        scratch = torch.empty(
-            step * max(int(w13.data[0].numel()), int(w2.data[0].numel())) * 2,
-            dtype=dtype,
-            device=x_TD.device,
-        )
+        scratch, step = _dequant_scratch(w13, w2, dtype, x_TD.device)
     for lo in range(0, num_experts, step):
         hi = min(lo + step, num_experts)
         b13 = w13 if scratch is None else _dequantized(w13, lo, hi, scratch)
@@ -189,7 +190,8 @@ def fused_moe(
         tiles: GEMM tile override (benchmark sweeps); default from the tile table.
         path: ``gemv``, ``gemm``, ``dequant`` (see the module doc) or ``auto``:
             ``gemv`` where ``use_gemv``, ``dequant`` where ``use_dequant``, else
-            ``gemm``. ``gemv`` and ``dequant`` need int4 weights.
+            ``gemm`` (always ``gemm`` with ``tiles``). ``gemv`` and ``dequant`` need
+            int4 weights.
         gemv_tiles: GEMV tile override (benchmark sweeps).
 
     Returns:
@@ -208,11 +210,9 @@ def fused_moe(
     )
     x_TD = hidden_TD.contiguous()
     num_pairs = routing.topk_ids.numel()
-    if path == "auto":
+    if path == "auto" and tiles is None:
         path = "gemm"
-        if tiles is not None:
-            pass  # a GEMM tile override asks for the gemm path
-        elif use_gemv(num_pairs, w13):
+        if use_gemv(num_pairs, w13):
             path = "gemv"
         elif use_dequant(num_pairs, w13):
             path = "dequant"

@@ -18,6 +18,7 @@ from backends.triton import (
     TritonEmulationBackend,
     TritonEmulationPrepared,
     TritonW4A16Backend,
+    TritonW4A16Prepared,
 )
 from backends.triton._align import align_pairs_to_blocks
 from backends.triton._configs import (
@@ -255,19 +256,23 @@ GEMV_CASES = [  # (scheme, activation, dtype, top_k, apply_router_weight_on_inpu
 ]
 
 
-@pytest.mark.parametrize(
-    ("scheme", "activation", "dtype", "top_k", "on_input"),
-    GEMV_CASES,
-    ids=lambda v: getattr(v, "name", str(v)),
-)
-def test_gemv_decode_path_matches_oracle_and_gemm(
-    scheme: Int4Scheme,
-    activation: Activation,
-    dtype: torch.dtype,
-    top_k: int,
-    on_input: bool,
+PathCase = tuple[Int4Scheme, Activation, torch.dtype, int, bool]
+
+
+def _run_path(
+    path: str,
+    case: PathCase,
+    tokens: int,
     generator: torch.Generator,
-) -> None:
+    *,
+    drop: bool = True,
+    gemv_tiles: GemvTiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, TritonW4A16Prepared, Routing, MoEConfig]:
+    """Run ``path`` on a tiny layer; returns (out, oracle, prepared, routing, config).
+
+    With ``drop``, token ``tokens // 2``'s first choice is an expert held elsewhere.
+    """
+    scheme, activation, dtype, top_k, on_input = case
     config = MoEConfig(
         num_experts=E,
         top_k=top_k,
@@ -278,18 +283,39 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
     )
     weights = _weights(scheme, dtype, generator)
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(3, D, generator=generator).to(dtype)
-    routing = route_topk(torch.randn(3, E, generator=generator), config)
-    ids = routing.topk_ids.clone()
-    ids[1, 0] = -1  # an expert held elsewhere
-    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    hidden_TD = torch.randn(tokens, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(tokens, E, generator=generator), config)
+    if drop:
+        ids = routing.topk_ids.clone()
+        ids[tokens // 2, 0] = -1
+        routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    gemv = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config,
+        path=path, gemv_tiles=gemv_tiles,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert out.dtype == dtype
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    return out, hidden_TD, prepared, routing, config
+
+
+def _assert_matches_gemm(
+    out: torch.Tensor,
+    hidden_TD: torch.Tensor,
+    prepared: TritonW4A16Prepared,
+    routing: Routing,
+    config: MoEConfig,
+) -> None:
     gemm = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm")
-    assert gemv.dtype == dtype
-    assert rel_l2(expected, gemv) < REL_L2_VS_ORACLE[dtype]
-    tol = KERNEL_VS_ORACLE[dtype]
-    torch.testing.assert_close(gemv, gemm, rtol=tol["rtol"], atol=tol["atol"])
+    tol = KERNEL_VS_ORACLE[out.dtype]
+    torch.testing.assert_close(out, gemm, rtol=tol["rtol"], atol=tol["atol"])
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
+def test_gemv_decode_path_matches_oracle_and_gemm(
+    case: PathCase, generator: torch.Generator
+) -> None:
+    _assert_matches_gemm(*_run_path("gemv", case, 3, generator))
 
 
 @pytest.mark.parametrize(
@@ -302,28 +328,9 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
 def test_gemv_loop_variants_match_oracle(
-    tiles: GemvTiles,
-    case: tuple[Int4Scheme, Activation, torch.dtype, int, bool],
-    generator: torch.Generator,
+    tiles: GemvTiles, case: PathCase, generator: torch.Generator
 ) -> None:
-    scheme, activation, dtype, top_k, _ = case
-    config = MoEConfig(
-        num_experts=E,
-        top_k=top_k,
-        hidden_size=D,
-        intermediate_size=F,
-        activation=activation,
-    )
-    weights = _weights(scheme, dtype, generator)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(2, D, generator=generator).to(dtype)
-    routing = route_topk(torch.randn(2, E, generator=generator), config)
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-        gemv_tiles=tiles,
-    )  # fmt: skip
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    _run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
 
 
 def test_gemv_is_the_decode_rule() -> None:
@@ -348,46 +355,19 @@ def test_dequant_is_the_prefill_rule() -> None:
     "chunked", [False, True], ids=["one-chunk", "chunk-per-expert"]
 )
 @pytest.mark.parametrize(
-    ("scheme", "activation", "dtype", "top_k", "on_input"),
+    "case",
     [GEMV_CASES[0], GEMV_CASES[1], GEMV_CASES[3], GEMV_CASES[4]],
-    ids=lambda v: getattr(v, "name", str(v)),
+    ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}",
 )
 def test_dequant_prefill_path_matches_oracle_and_gemm(
-    scheme: Int4Scheme,
-    activation: Activation,
-    dtype: torch.dtype,
-    top_k: int,
-    on_input: bool,
+    case: PathCase,
     chunked: bool,
     generator: torch.Generator,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if chunked:  # a scratch of one byte still holds one expert: E chunks
         monkeypatch.setattr(configs, "DEQUANT_SCRATCH_BYTES", 1)
-    config = MoEConfig(
-        num_experts=E,
-        top_k=top_k,
-        hidden_size=D,
-        intermediate_size=F,
-        activation=activation,
-        apply_router_weight_on_input=on_input,
-    )
-    weights = _weights(scheme, dtype, generator)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(5, D, generator=generator).to(dtype)
-    routing = route_topk(torch.randn(5, E, generator=generator), config)
-    ids = routing.topk_ids.clone()
-    ids[2, 0] = -1  # an expert held elsewhere
-    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="dequant"
-    )
-    gemm = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm")
-    assert out.dtype == dtype
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
-    tol = KERNEL_VS_ORACLE[dtype]
-    torch.testing.assert_close(out, gemm, rtol=tol["rtol"], atol=tol["atol"])
+    _assert_matches_gemm(*_run_path("dequant", case, 5, generator))
 
 
 def test_dequant_path_refuses_16_bit_weights(generator: torch.Generator) -> None:
