@@ -30,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="quantize a real-shaped MoE layer, run it, report error, memory and speed",
     )
-    demo.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    demo.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="qwen3-30b-a3b",
+        help="layer shape; `tiny` is a small one for quick checks",
+    )
     demo.add_argument("--tokens", type=int, default=16)
     demo.add_argument(
         "--scheme",

@@ -6,15 +6,33 @@ import pytest
 import torch
 
 from core.scheme import INT4_ASYM_G128, INT4_SYM
-from modules.__main__ import main
+from modules.__main__ import build_parser, main
 from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo
 
 
 def test_demo_reports_error_memory_speed(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--tokens", "5", "--iters", "1", "--device", "cpu"]) == 0
+    argv = [
+        "demo",
+        "--model",
+        "tiny",
+        "--tokens",
+        "5",
+        "--iters",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     for word in ("model      tiny", "error", "memory", "speed", "ms per call"):
         assert word in out
+
+
+def test_demo_default_is_a_real_model_shape() -> None:
+    """The README's main job (``int4-moe demo``) runs a public model's layer shape."""
+    args = build_parser().parse_args(["demo"])
+    assert args.model == "qwen3-30b-a3b"
+    assert MODELS[args.model].num_experts == 128
 
 
 def test_demo_numbers(generator: torch.Generator) -> None:
