@@ -42,6 +42,7 @@ class GemvTiles:
         prefetch: load the next step's bytes before this step's math.
         loop_stages: software-pipeline depth Triton is asked for on the K loop
             (``None``: its default).
+        w2_split: K splits of the w2 GEMV (``None``: ``gemv_split_for``).
     """
 
     block_n: int
@@ -49,6 +50,7 @@ class GemvTiles:
     num_warps: int = 4
     prefetch: bool = False
     loop_stages: int | None = None
+    w2_split: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -103,6 +105,24 @@ def split_for(tiles_out: int, k: int, block_k: int) -> int:
     while tiles_out * split < 2 * NUM_SMS_H200 and k // (split * 2) >= 4 * block_k:
         split *= 2
     return min(split, 8)
+
+
+GEMV_PROGRAMS_PER_SM: Final = 8
+"""The w2 GEMV splits K until it has this many programs per SM (``gemv_split_for``)."""
+
+
+def gemv_split_for(programs: int, k: int, block_k: int) -> int:
+    """K splits of the w2 GEMV: until ``GEMV_PROGRAMS_PER_SM`` per SM, >= 2 steps each.
+
+    Mixtral-8x7B at M = 1 has 512 programs of 28 steps; split 4 took its w2 GEMV from
+    64 to 50 us (H100, bench/sweeps/probe_gemv_h100_split_words_tc.log). The other model shapes
+    already have >= 2048 programs at M = 1 and keep one split.
+    """
+    split = 1
+    target = GEMV_PROGRAMS_PER_SM * NUM_SMS_H200
+    while programs * split < target and k // (2 * split) >= 2 * block_k:
+        split *= 2
+    return split
 
 
 def choose_tiles(

@@ -2,8 +2,9 @@
 
 May import core; triton only inside functions. Three paths compute the same layer:
 
-- ``gemv`` (int4, decode): two pair-major GEMVs and the top-k sum, three launches;
-  taken when pairs rarely share an expert (``use_gemv``).
+- ``gemv`` (int4, decode): two pair-major GEMVs (w2's K split across programs when
+  they are few) and the top-k sum, three launches; taken when pairs rarely share an
+  expert (``use_gemv``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
   registers, 16-bit weights (triton-emulation) are read as they are.
@@ -97,13 +98,18 @@ def _gemv_moe(
         x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
         tiles=chosen,
     )  # fmt: skip
-    part_1ND = torch.empty(1, num_pairs, d, dtype=dtype, device=x_TD.device)
+    split = chosen.w2_split
+    if split is None:
+        programs = num_pairs * -(-d // chosen.block_n)
+        split = configs.gemv_split_for(programs, f, chosen.block_k)
+    part_dtype = torch.float32 if split > 1 else dtype
+    part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
     launch_gemv(
-        inter_NF, w2, part_1ND[0], n=d, routing=routing, config=config, gated=False,
-        tiles=chosen,
+        inter_NF, w2, part_SND, n=d, routing=routing, config=config, gated=False,
+        tiles=chosen, split=split,
     )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
-    return reduce_topk(part_1ND, routing, weighted=weighted, dtype=x_TD.dtype)
+    return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype)
 
 
 def _dequant_scratch(

@@ -24,6 +24,7 @@ def _moe_gemv_kernel(
     # sizes
     N,
     K,
+    k_per_split,
     alpha,
     limit,
     # strides
@@ -32,6 +33,7 @@ def _moe_gemv_kernel(
     stride_bn,
     stride_se,
     stride_sn,
+    stride_cs,
     stride_cm,
     # meta-parameters
     A_DIV: tl.constexpr,
@@ -48,8 +50,11 @@ def _moe_gemv_kernel(
 ):
     """Decode path: one routed pair x ``BLOCK_N`` output columns, int4 weights, no dot.
 
-    Grid: pairs x column tiles. ``PREFETCH`` loads step ``k + 1``'s bytes before step
-    ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K loop (None: its default). Each packed byte of a used expert is read once per pair
+    Grid: pairs x column tiles x K splits; split ``s`` reduces columns
+    ``[s * k_per_split, (s + 1) * k_per_split)`` and writes ``C[s]`` (float32 partials
+    summed by the top-k reduction; ungated only). ``PREFETCH`` loads step ``k + 1``'s
+    bytes before step ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K loop
+    (None: its default). Each packed byte of a used expert is read once per pair
     that routes to it, so this is chosen only when pairs rarely share an expert. The
     low and high nibbles multiply the even and odd input columns in float32; the zero
     point is folded out per group: ``sum((q - z) x) = sum(q x) - z sum(x)``::
@@ -59,6 +64,7 @@ def _moe_gemv_kernel(
             q_lo, q_hi = bytes[e, n, k/2 : (k+BLOCK_K)/2] & 15, >> 4
             dot[n, g] = sum(q_lo x_even + q_hi x_odd) - z[n, g] sum(x)
             acc[n] += sum_g scale[n, g] * dot[n, g]
+        C[s, p, n] = act(acc, acc_up) if gated else acc
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
@@ -67,6 +73,9 @@ def _moe_gemv_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = offs_n.to(tl.int64)[:, None]
+    pid_s = tl.program_id(2)
+    k_lo = pid_s * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
     x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
     b_e = b_ptr + e.to(tl.int64) * stride_be
     s_e = scale_ptr + e.to(tl.int64) * stride_se
@@ -77,18 +86,19 @@ def _moe_gemv_kernel(
     up_rows = (offs_n + N).to(tl.int64)[:, None]
     offs_j0 = tl.arange(0, BLOCK_K // 2)
     if PREFETCH:  # the next step's bytes are loaded before this step's math
-        first_mask = n_mask[:, None] & (offs_j0[None, :] < K // 2)
+        first_j = k_lo // 2 + offs_j0
+        first_mask = n_mask[:, None] & (first_j[None, :] < k_hi // 2)
         nxt = tl.load(
-            b_e + rows * stride_bn + offs_j0[None, :], mask=first_mask, other=0
+            b_e + rows * stride_bn + first_j[None, :], mask=first_mask, other=0
         )
         nxt_up = nxt
         if GATED:
             nxt_up = tl.load(
-                b_e + up_rows * stride_bn + offs_j0[None, :], mask=first_mask, other=0
+                b_e + up_rows * stride_bn + first_j[None, :], mask=first_mask, other=0
             )
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=LOOP_STAGES):
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         offs_j = k0 // 2 + offs_j0
-        j_mask = offs_j < K // 2
+        j_mask = offs_j < k_hi // 2
         x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
         x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
         x_even3 = tl.reshape(x_even, (NG, GK))
@@ -101,7 +111,7 @@ def _moe_gemv_kernel(
             packed = nxt
             packed_up = nxt_up
             offs_n2 = offs_j + BLOCK_K // 2
-            m2 = n_mask[:, None] & (offs_n2[None, :] < K // 2)
+            m2 = n_mask[:, None] & (offs_n2[None, :] < k_hi // 2)
             nxt = tl.load(b_e + rows * stride_bn + offs_n2[None, :], mask=m2, other=0)
             if GATED:
                 nxt_up = tl.load(
@@ -131,7 +141,7 @@ def _moe_gemv_kernel(
         acc_up = acc_up * rw
     if GATED:
         acc = _activate(acc, acc_up, alpha, limit, ACT)
-    c_ptrs = c_ptr + p.to(tl.int64) * stride_cm + offs_n
+    c_ptrs = c_ptr + pid_s * stride_cs + p.to(tl.int64) * stride_cm + offs_n
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=n_mask)
 
 

@@ -143,14 +143,20 @@ def launch_gemv(
     config: MoEConfig,
     gated: bool,
     tiles: GemvTiles,
+    split: int = 1,
 ) -> None:
-    """Launch ``_moe_gemv_kernel`` (int4 decode path) writing ``out`` ``(N, n)``."""
+    """Launch ``_moe_gemv_kernel`` (int4 decode path) writing ``out`` ``(N, n)``.
+
+    With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
+    """
     import triton
 
     from backends.triton._kernels_gemv import _moe_gemv_kernel
 
     assert b.scale is not None
+    assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
     k = int(a_MK.shape[1])
+    k_per_split = triton.cdiv(triton.cdiv(k, split), tiles.block_k) * tiles.block_k
     group = b.group_size
     ng = (
         tiles.block_k // group
@@ -158,7 +164,7 @@ def launch_gemv(
         else 1
     )
     zero = b.zero_point if b.zero_point is not None else b.scale
-    grid = (routing.topk_ids.numel(), triton.cdiv(n, tiles.block_n))
+    grid = (routing.topk_ids.numel(), triton.cdiv(n, tiles.block_n), split)
     _moe_gemv_kernel[grid](
         a_MK,
         b.data,
@@ -169,6 +175,7 @@ def launch_gemv(
         routing.topk_weights,
         n,
         k,
+        k_per_split,
         float(config.swiglu_alpha),
         float(config.swiglu_limit),
         a_MK.stride(0),
@@ -176,7 +183,8 @@ def launch_gemv(
         b.data.stride(1),
         b.scale.stride(0),
         b.scale.stride(1),
-        out.stride(0),
+        out.stride(0) if out.ndim == 3 else 0,
+        out.stride(-2),
         A_DIV=routing.top_k if gated else 1,
         GROUP=group,
         NG=ng,

@@ -6,6 +6,7 @@ Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K
 import pytest
 import torch
 
+import backends.triton._configs as configs
 from backends.triton import TritonW4A16Backend
 from backends.triton._configs import GemvTiles
 from backends.triton._fused import fused_moe, use_gemv
@@ -121,8 +122,19 @@ def test_gemv_cuda_graph() -> None:
         GemvTiles(block_n=32, block_k=256, prefetch=True),
         GemvTiles(block_n=16, block_k=512, loop_stages=2),
         GemvTiles(block_n=32, block_k=256, loop_stages=3),
+        GemvTiles(block_n=16, block_k=512, w2_split=2),
+        GemvTiles(block_n=32, block_k=256, w2_split=3),
+        GemvTiles(block_n=16, block_k=512, prefetch=True, w2_split=2),
     ],
-    ids=["prefetch-16x512", "prefetch-32x256", "stages2-16x512", "stages3-32x256"],
+    ids=[
+        "prefetch-16x512",
+        "prefetch-32x256",
+        "stages2-16x512",
+        "stages3-32x256",
+        "split2-16x512",
+        "split3-32x256",
+        "prefetch-split2-16x512",
+    ],
 )
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
@@ -140,3 +152,28 @@ def test_gemv_loop_variants(tiles: GemvTiles, scheme: Int4Scheme) -> None:
     )  # fmt: skip
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+
+
+def test_gemv_rule_splits_w2_when_programs_are_few() -> None:
+    """Few pairs and a long w2 reduction (Mixtral-like at M = 1): K is split, and the
+    split forward matches the oracle and replays under a CUDA graph."""
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=1024, intermediate_size=4096)
+    assert configs.gemv_split_for(2 * 1024 // 16, 4096, 512) == 4
+    weights = _int4_weights(
+        config, SCHEMES[0], torch.bfloat16, torch.Generator().manual_seed(5)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(1, 1024, device="cuda").to(torch.bfloat16)
+    routing = _routing(config, 1)
+    fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_TD = fused_moe(
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv"
+        )
+    for _ in range(2):
+        hidden_TD.copy_(torch.randn_like(hidden_TD))
+        graph.replay()
+        expected = moe_forward_reference(hidden_TD, weights, routing, config)
+        assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[torch.bfloat16]

@@ -323,14 +323,27 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
     [
         GemvTiles(block_n=16, block_k=64, prefetch=True),
         GemvTiles(block_n=16, block_k=64, loop_stages=2),
+        GemvTiles(block_n=16, block_k=32, w2_split=2),
+        GemvTiles(block_n=16, block_k=32, w2_split=3),  # the third split is empty
+        GemvTiles(block_n=16, block_k=32, prefetch=True, w2_split=2),
     ],
-    ids=["prefetch", "loop-stages-2"],
+    ids=["prefetch", "loop-stages-2", "w2-split-2", "w2-split-3", "prefetch-split-2"],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
 def test_gemv_loop_variants_match_oracle(
     tiles: GemvTiles, case: PathCase, generator: torch.Generator
 ) -> None:
     _run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
+
+
+def test_gemv_w2_split_rule() -> None:
+    """Split K only while programs are few, and keep >= 2 steps per split."""
+    target = configs.GEMV_PROGRAMS_PER_SM * configs.NUM_SMS_H200
+    assert configs.gemv_split_for(target, 1 << 20, 512) == 1
+    assert configs.gemv_split_for(512, 14336, 512) == 4  # Mixtral-8x7B w2 at M = 1
+    assert configs.gemv_split_for(1024, 768, 512) == 1  # Qwen3-30B-A3B: K too short
+    assert configs.gemv_split_for(1, 4096, 512) == 4  # 4096 / 4 = 2 steps of 512
+    assert configs.gemv_split_for(1, 4096, 1024) == 2
 
 
 def test_gemv_is_the_decode_rule() -> None:
