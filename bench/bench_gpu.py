@@ -46,6 +46,7 @@ GEMV_LOOP_VARIANTS: dict[str, dict[str, object]] = {
     "stages2": {"loop_stages": 2},
     "stages3": {"loop_stages": 3},
     "stages4": {"loop_stages": 4},
+    "w2-unsplit": {"w2_split": 1},
 }
 """Loop variants of the decode GEMV (``GEMV_VARIANT`` picks one; sweep_tiles.py times them)."""
 GROUP = 128
