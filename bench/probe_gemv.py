@@ -349,6 +349,112 @@ def tma_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, sta
     )  # fmt: skip
 
 
+_W8F = tl.constexpr("""{
+.reg .b32 h;
+lop3.b32 $0, $8, 0xF, $9, 0xEA;
+lop3.b32 $1, $8, 0xF0, $9, 0xEA;
+lop3.b32 $2, $8, 0xF00, $9, 0xEA;
+lop3.b32 $3, $8, 0xF000, $9, 0xEA;
+lop3.b32 $4, $8, 0xF0000, $9, 0xEA;
+shr.u32 h, $8, 12;
+lop3.b32 $5, h, 0xF00, $9, 0xEA;
+lop3.b32 $6, h, 0xF000, $9, 0xEA;
+lop3.b32 $7, h, 0xF0000, $9, 0xEA;
+}""")
+
+
+@triton.jit
+def _w8f(words):
+    """Eight float32 of each word: 2^23 + code j * 16^(j or j - 3), one LOP3 each."""
+    magic = tl.full(words.shape, 0x4B000000, tl.int32)
+    return tl.inline_asm_elementwise(
+        _W8F, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words, magic],
+        dtype=(tl.float32,) * 8, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _gemv_word2(
+    xs_ptr, w_ptr, s_ptr, c_ptr, ids_ptr, N, K, k_per_split,
+    stride_xr, stride_we, stride_wn, stride_se, stride_sn, stride_cs, stride_cm,
+    A_DIV, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Words of 8 codes, one LOP3 + FADD + FFMA per code; x prescaled, code-major.
+
+    ``xs[r, j, i] = x[r, 8 i + j] / 16^(j or j - 3)`` in float32 (``K / 8`` per j).
+    """
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p)
+    if e < 0:
+        return
+    BW: tl.constexpr = BLOCK_K // 8
+    WG: tl.constexpr = GROUP // 8
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    rows = offs_n.to(tl.int64)[:, None]
+    k_lo = tl.program_id(2) * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    x_ptr = xs_ptr + (p // A_DIV).to(tl.int64) * stride_xr
+    KW = K // 8
+    w_e = w_ptr + e.to(tl.int64) * stride_we
+    s_e = s_ptr + e.to(tl.int64) * stride_se
+    acc = tl.zeros([BLOCK_N, BW], dtype=tl.float32)
+    offs_i = tl.arange(0, BW)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        wi = tl.multiple_of(k0 // 8, BW) + offs_i
+        words = tl.load(
+            w_e + rows * stride_wn + wi[None, :], mask=n_mask[:, None], other=0
+        )
+        v0, v1, v2, v3, v4, v5, v6, v7 = _w8f(words)
+        t = (v0 - 8388616.0) * tl.load(x_ptr + wi)[None, :]
+        t += (v1 - 8388736.0) * tl.load(x_ptr + KW + wi)[None, :]
+        t += (v2 - 8390656.0) * tl.load(x_ptr + 2 * KW + wi)[None, :]
+        t += (v3 - 8421376.0) * tl.load(x_ptr + 3 * KW + wi)[None, :]
+        t += (v4 - 8912896.0) * tl.load(x_ptr + 4 * KW + wi)[None, :]
+        t += (v5 - 8390656.0) * tl.load(x_ptr + 5 * KW + wi)[None, :]
+        t += (v6 - 8421376.0) * tl.load(x_ptr + 6 * KW + wi)[None, :]
+        t += (v7 - 8912896.0) * tl.load(x_ptr + 7 * KW + wi)[None, :]
+        if BLOCK_K <= GROUP:  # one group per step: one scale per row
+            sc = tl.load(
+                s_e + rows * stride_sn + k0 // GROUP, mask=n_mask[:, None], other=0.0
+            )
+        else:
+            sc = tl.load(
+                s_e + rows * stride_sn + (wi // WG)[None, :],
+                mask=n_mask[:, None],
+                other=0.0,
+            )
+        acc += t * sc.to(tl.float32)
+    out = tl.sum(acc, axis=1)
+    c_ptrs = c_ptr + tl.program_id(2) * stride_cs + p.to(tl.int64) * stride_cm + offs_n
+    tl.store(c_ptrs, out, mask=n_mask)
+
+
+XSCALE = [1.0, 1 / 16, 1 / 256, 1 / 4096, 1 / 65536, 1 / 256, 1 / 4096, 1 / 65536]
+
+
+def prescale_x(x: torch.Tensor) -> torch.Tensor:
+    """(R, K) -> (R, 8, K/8) float32 code-major, scaled per code position."""
+    r, k = x.shape
+    sc = torch.tensor(XSCALE, device=x.device)
+    return (x.float().view(r, k // 8, 8) * sc).transpose(1, 2).contiguous()
+
+
+def word2_launch(xs, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split):
+    pairs = ids.numel()
+    words = b.data.view(torch.int32)
+    n = words.shape[1]
+    k = 8 * words.shape[2]
+    k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    grid = (pairs, triton.cdiv(n, bn), split)
+    return _gemv_word2[grid](
+        xs, words, b.scale, out, ids, n, k, k_per,
+        xs.stride(0), words.stride(0), words.stride(1), b.scale.stride(0),
+        b.scale.stride(1), out.stride(0), out.stride(1),
+        A_DIV=a_div, GROUP=GROUP, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+    )  # fmt: skip
+
+
 def word_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, xmode):
     pairs = ids.numel()
     words = b.data.view(torch.int32)
@@ -409,6 +515,11 @@ WORD_VARIANTS = [  # (block_n, block_k, warps); split: auto
     (32, 256, 4), (64, 256, 4), (128, 128, 4), (64, 256, 2),
 ]  # fmt: skip
 ONLY_TMA = os.environ.get("PROBE_ONLY_TMA") == "1"
+PROBE_SET = os.environ.get("PROBE_SET", "")
+WORD2_VARIANTS = [  # (block_n, block_k, warps); split: auto
+    (128, 128, 4), (256, 128, 8), (64, 128, 4), (128, 128, 8), (64, 256, 4),
+    (128, 256, 4), (32, 128, 2), (64, 128, 2),
+]  # fmt: skip
 TMA_VARIANTS = [  # (block_n, block_k, warps, stages)
     (16, 512, 4, 3), (16, 512, 4, 5), (32, 256, 4, 4), (16, 256, 4, 6),
     (64, 256, 4, 3), (32, 512, 8, 3), (8, 512, 2, 6),
@@ -459,6 +570,30 @@ def time_case(name: str, m: int) -> None:
         print(f"{name:15s} M={m} {proj:3s} library {tiles.block_n}x{tiles.block_k}"
               f" w{tiles.num_warps}: {ms * 1e3:7.1f} us {nbytes / ms / 1e9:5.2f} TB/s",
               flush=True)  # fmt: skip
+        if PROBE_SET == "word2":
+            xs = prescale_x(a)
+            for bn, bk, warps in WORD2_VARIANTS:
+                split = auto_split(ids.numel(), n, 2 * half, bn, bk)
+                out = torch.empty(split, ids.numel(), n, device="cuda")
+                kw = {
+                    "a_div": a_div,
+                    "bn": bn,
+                    "bk": bk,
+                    "warps": warps,
+                    "split": split,
+                }
+                try:
+                    compiled = word2_launch(xs, b, out, ids, **kw)
+                    err = check(out.sum(0), a, b, ids, a_div)
+                    ms = time_graph(lambda kw=kw: word2_launch(xs, b, out, ids, **kw))
+                except Exception as exc:  # a variant may not compile
+                    print(f"  word2 {bn}x{bk} w{warps}: FAILED {exc}"[:300])
+                    continue
+                print(f"{name:15s} M={m} {proj:3s} {bn:3d}x{bk:4d} w{warps} s{split}"
+                      f" word2  : {ms * 1e3:7.1f} us "
+                      f"{nbytes / ms / 1e9:5.2f} TB/s  {describe(compiled)} err {err:.1e}",
+                      flush=True)  # fmt: skip
+            continue
         for bn, bk, warps, stages in TMA_VARIANTS:
             for split in sorted({1, auto_split(ids.numel(), n, 2 * half, bn, bk)}):
                 out = torch.empty(split, ids.numel(), n, device="cuda")

@@ -1,10 +1,11 @@
 """Variant sweep for backends/triton/_configs.py (run on the GPU).
 
-``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill [model ...]``: for the model
+``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill|emulation [model ...]``: for the model
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); at prefill the in-register GEMM, the dequant path and
-``torch._grouped_mm`` on bf16 weights. Decode sizes (M <= 64) are timed under
+``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
+bf16 weights beside ``torch._grouped_mm`` at M = 256-4096. Decode sizes (M <= 64) are timed under
 CUDA-graph replay, prefill eagerly; each output is checked against the float32
 reference first. Prints one line per variant and appends it to $OUT/sweep_<mode>.jsonl.
 bench/sweeps/ holds the logs of the sweep behind the table (it also timed kernel
@@ -33,6 +34,7 @@ from bench_gpu import (
     GROUP,
     MODELS,
     copy_bandwidth,
+    dense_bf16,
     floor_ms,
     grouped_mm_anchor,
     random_int4,
@@ -57,6 +59,12 @@ DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (16, 512, 4, 3),
 ]
 DECODE_GEMV = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (16, 1024, 8)]
+EMULATION_GEMM = [  # (block_m, block_n, block_k, warps, stages): 16-bit weights
+    (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+    (128, 128, 64, 8, 4), (64, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (32, 128, 64, 4, 4),
+    (128, 128, 32, 8, 4), (64, 64, 128, 4, 4),
+]  # fmt: skip
 PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
     (128, 128, 128, 64, 8, 3),
     (64, 128, 128, 64, 4, 3),
@@ -68,6 +76,13 @@ def variants(
     m: int, k: int, default: MoETiles, mode: str
 ) -> dict[str, dict[str, object]]:
     """Keyword arguments of fused_moe per variant name."""
+    if mode == "emulation":
+        out_e: dict[str, dict[str, object]] = {"auto": {}}
+        for bm, bn, bk, w, st in EMULATION_GEMM:
+            t = GemmTiles(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
+            name = f"emulation bm{bm} bn{bn} bk{bk} w{w} s{st}"
+            out_e[name] = {"tiles": MoETiles(block_m=bm, w13=t, w2=t)}
+        return out_e
     if mode == "gemv":
         base = pick_gemv_tiles(m * k)
         return {
@@ -108,6 +123,7 @@ def main() -> None:
     out_path = Path(os.environ.get("OUT", "/tmp")) / f"sweep_{mode}.jsonl"
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
     ms_list = {"decode": [1, 4, 16, 64], "gemv": [1, 4]}.get(mode, [256, 1024, 4096])
+    emulation = mode == "emulation"
     if os.environ.get("SWEEP_M"):
         ms_list = [int(v) for v in os.environ["SWEEP_M"].split(",")]
     for name in only:
@@ -117,6 +133,9 @@ def main() -> None:
         w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
         w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
         dense = None
+        if emulation:  # the variants run on 16-bit weights, the anchor beside them
+            w13d, w2d = dense_bf16(q)
+            w13, w2 = ExpertMatrix(data=w13d), ExpertMatrix(data=w2d)
         if mode == "prefill" and e * d * f <= 2**33:
             w13d, w2d = dequantize_expert_weights(q, dtype=torch.bfloat16)
             dense = (ExpertMatrix(data=w13d), ExpertMatrix(data=w2d), w13d, w2d)
@@ -130,6 +149,10 @@ def main() -> None:
             fns: dict[str, Callable[[], torch.Tensor]] = {}
             for key, kw in variants(m, k, default, mode).items():
                 fns[key] = lambda kw=kw: fused_moe(x, w13, w2, r, cfg, **kw)
+            if emulation:
+                fns["grouped_mm bf16"] = lambda: grouped_mm_anchor(
+                    x, w13.data.transpose(1, 2), w2.data.transpose(1, 2), r
+                )
             if dense is not None:
                 fns["emulation (bf16 resident)"] = lambda dn=dense: fused_moe(
                     x, dn[0], dn[1], r, cfg

@@ -125,10 +125,43 @@ def gemv_split_for(programs: int, k: int, block_k: int) -> int:
     return split
 
 
+SIXTEEN_BIT_MIN_PAIRS: Final = 512
+"""16-bit weights take ``sixteen_bit_prefill_tiles`` from this many routed pairs (and
+more than 8 per expert): the classes the emulation sweep measured (M >= 256)."""
+
+
+def sixteen_bit_prefill_tiles(per_expert: int) -> MoETiles:
+    """GEMM tiles for 16-bit weights (triton-emulation, the dequant path) at prefill.
+
+    From ``sweep_tiles.py emulation`` (H200, bench/sweeps/sweep_emulation_h200.log):
+    128-row blocks of 128 x 64, 8 warps, 3 stages from 64 pairs per expert (Mixtral
+    M = 1024 1.74 vs 1.93 ms for 64-row blocks, Qwen3-235B M = 1024 1.53 vs 1.87,
+    DeepSeek-V3 M = 4096 10.3 vs 11.4); 64 x 256 at 32-63 (DeepSeek-V3 M = 1024 6.05 vs
+    7.07); 32-row blocks, 4 warps, 4 stages below (Qwen3-30B M = 256 0.34 vs 0.48).
+    """
+    if per_expert >= 64:
+        tiles = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
+        return MoETiles(block_m=128, w13=tiles, w2=tiles)
+    if per_expert >= 32:
+        tiles = GemmTiles(block_n=256, block_k=64, num_warps=8, num_stages=3)
+        return MoETiles(block_m=64, w13=tiles, w2=tiles)
+    tiles = GemmTiles(block_n=128, block_k=64, num_warps=4, num_stages=4)
+    return MoETiles(block_m=32, w13=tiles, w2=tiles)
+
+
 def choose_tiles(
-    *, num_pairs: int, num_experts: int, hidden_size: int, intermediate_size: int
+    *,
+    num_pairs: int,
+    num_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+    sixteen_bit: bool = False,
 ) -> MoETiles:
     """Tiles for one forward; pure over the (host-known) sizes.
+
+    ``sixteen_bit``: the GEMMs read 16-bit weights (triton-emulation, or the dequant
+    path's scratch); from ``SIXTEEN_BIT_MIN_PAIRS`` pairs and more than 8 per expert
+    they take ``sixteen_bit_prefill_tiles``, else the int4 table below.
 
     The row block is sized from the expected pairs per expert, so that at decode sizes
     each busy expert gets one block and its weights are read once. Decode columns at
@@ -137,6 +170,8 @@ def choose_tiles(
     Qwen3-30B at 64; bench/TUNING.md). The w2 split is sized as in that sweep.
     """
     per_expert = -(-num_pairs // num_experts)
+    if sixteen_bit and num_pairs >= SIXTEEN_BIT_MIN_PAIRS and per_expert > 8:
+        return sixteen_bit_prefill_tiles(per_expert)
     busy = min(num_experts, num_pairs)
     if per_expert <= 64:
         block_m = min(64, max(16, _next_pow2(per_expert)))

@@ -57,8 +57,13 @@ def use_dequant(num_pairs: int, w13: ExpertMatrix) -> bool:
     return w13.is_int4 and per_expert >= configs.DEQUANT_PAIRS_PER_EXPERT
 
 
-def pick_tiles(num_pairs: int, w13: ExpertMatrix, w2: ExpertMatrix) -> MoETiles:
-    """The tile table's entry for these sizes (small tiles in the interpreter)."""
+def pick_tiles(
+    num_pairs: int, w13: ExpertMatrix, w2: ExpertMatrix, *, dequant: bool = False
+) -> MoETiles:
+    """The tile table's entry for these sizes (small tiles in the interpreter).
+
+    The GEMMs read 16-bit weights for triton-emulation and on the ``dequant`` path.
+    """
     if is_interpreting():
         return configs.INTERPRETER
     return choose_tiles(
@@ -66,6 +71,7 @@ def pick_tiles(num_pairs: int, w13: ExpertMatrix, w2: ExpertMatrix) -> MoETiles:
         num_experts=int(w13.data.shape[0]),
         hidden_size=int(w2.data.shape[1]),
         intermediate_size=int(w13.data.shape[1]) // 2,
+        sixteen_bit=dequant or not w13.is_int4,
     )
 
 
@@ -228,5 +234,8 @@ def fused_moe(
         raise DTypeError(
             "the dequant path needs int4 (uint8) weights, got 16-bit weights"
         )
-    chosen = tiles if tiles is not None else pick_tiles(num_pairs, w13, w2)
-    return _gemm_moe(x_TD, w13, w2, routing, config, chosen, dequant=path == "dequant")
+    dequant = path == "dequant"
+    chosen = (
+        tiles if tiles is not None else pick_tiles(num_pairs, w13, w2, dequant=dequant)
+    )
+    return _gemm_moe(x_TD, w13, w2, routing, config, chosen, dequant=dequant)

@@ -170,6 +170,7 @@ SIZES = [  # (E, K, D, F, T): F=320/704 leave K tails in the w2 GEMM; real model
     (8, 1, 256, 320, 1),
     (8, 8, 384, 256, 5),
     (64, 6, 1024, 704, 333),
+    (64, 8, 800, 320, 100),  # 13 pairs per expert: 32-row blocks of the 16-bit table
     (256, 8, 1024, 512, 8192),
     (128, 8, 2048, 768, 4096),  # Qwen3-30B-A3B
     (8, 2, 4096, 14336, 64),  # Mixtral-8x7B

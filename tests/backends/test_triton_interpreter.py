@@ -25,6 +25,7 @@ from backends.triton._configs import (
     DEQUANT_PAIRS_PER_EXPERT,
     GEMV_BY_DEFAULT,
     GemvTiles,
+    MoETiles,
 )
 from backends.triton._fused import fused_moe, use_dequant, use_gemv
 from backends.triton._launch import ExpertMatrix
@@ -334,6 +335,29 @@ def test_gemv_loop_variants_match_oracle(
     tiles: GemvTiles, case: PathCase, generator: torch.Generator
 ) -> None:
     _run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
+
+
+def test_sixteen_bit_prefill_tiles_rule() -> None:
+    """16-bit weights take the emulation sweep's tiles only in the measured classes."""
+
+    def tiles(pairs: int, experts: int, *, sixteen_bit: bool = True) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs,
+            num_experts=experts,
+            hidden_size=4096,
+            intermediate_size=1536,
+            sixteen_bit=sixteen_bit,
+        )
+
+    assert tiles(8192, 128).block_m == 128  # 64 pairs per expert
+    assert tiles(8192, 128).w13.num_warps == 8
+    assert tiles(8192, 256).w13.block_n == 256  # 32 per expert
+    assert tiles(2048, 128).block_m == 32  # 16 per expert
+    assert tiles(2048, 128).w13.num_stages == 4
+    # Outside the measured classes the int4 table stays: <= 8 per expert, few pairs.
+    assert tiles(2048, 256) == tiles(2048, 256, sixteen_bit=False)
+    assert tiles(128, 8) == tiles(128, 8, sixteen_bit=False)
+    assert tiles(8192, 128, sixteen_bit=False).block_m == 64
 
 
 def test_gemv_w2_split_rule() -> None:
