@@ -50,7 +50,9 @@ class GemvTiles:
     num_warps: int = 4
     prefetch: bool = False
     loop_stages: int | None = None
-    w2_split: int | None = None
+    w2_split: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
 
 
 @attrs.frozen(kw_only=True)

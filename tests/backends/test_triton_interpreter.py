@@ -368,6 +368,8 @@ def test_gemv_w2_split_rule() -> None:
     assert configs.gemv_split_for(1024, 768, 512) == 1  # Qwen3-30B-A3B: K too short
     assert configs.gemv_split_for(1, 4096, 512) == 4  # 4096 / 4 = 2 steps of 512
     assert configs.gemv_split_for(1, 4096, 1024) == 2
+    with pytest.raises(ValueError, match="w2_split"):
+        GemvTiles(block_n=16, block_k=64, w2_split=0)
 
 
 def test_gemv_is_the_decode_rule() -> None:
