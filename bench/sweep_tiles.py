@@ -1,11 +1,12 @@
 """Variant sweep for backends/triton/_configs.py (run on the GPU).
 
-``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill|emulation [model ...]``: for the model
+``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill|emulation|operands [model ...]``: for the model
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); at prefill the in-register GEMM, the dequant path and
 ``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
-bf16 weights beside ``torch._grouped_mm`` at M = 256-4096. Decode sizes (M <= 64) are timed under
+bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
+int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table. Decode sizes (M <= 64) are timed under
 CUDA-graph replay, prefill eagerly; each output is checked against the float32
 reference first. Prints one line per variant and appends it to $OUT/sweep_<mode>.jsonl.
 bench/sweeps/ holds the logs of the sweep behind the table (it also timed kernel
@@ -65,6 +66,13 @@ EMULATION_GEMM = [  # (block_m, block_n, block_k, warps, stages): 16-bit weights
     (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (32, 128, 64, 4, 4),
     (128, 128, 32, 8, 4), (64, 64, 128, 4, 4),
 ]  # fmt: skip
+OPERAND_DECODE = [  # (block_n, block_k, warps, stages) at the table's row block
+    (64, 128, 4, 4), (128, 128, 4, 3), (64, 256, 4, 3), (128, 64, 4, 4), (128, 256, 4, 3),
+]  # fmt: skip
+OPERAND_PREFILL = [  # (block_m, block_n, block_k, warps, stages)
+    (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 128, 128, 4, 3),
+    (128, 256, 64, 8, 3), (128, 128, 64, 4, 3), (64, 256, 64, 8, 3), (32, 128, 128, 4, 4),
+]  # fmt: skip
 PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
     (128, 128, 128, 64, 8, 3),
     (64, 128, 128, 64, 4, 3),
@@ -83,6 +91,8 @@ def variants(
             name = f"emulation bm{bm} bn{bn} bk{bk} w{w} s{st}"
             out_e[name] = {"tiles": MoETiles(block_m=bm, w13=t, w2=t)}
         return out_e
+    if mode == "operands":
+        return operand_variants(m, default)
     if mode == "gemv":
         base = pick_gemv_tiles(m * k)
         return {
@@ -115,6 +125,35 @@ def variants(
     return out
 
 
+def operand_variants(m: int, default: MoETiles) -> dict[str, dict[str, object]]:
+    """In-register int4 GEMM: swapped operands and nibble halves beside the table."""
+    out: dict[str, dict[str, object]] = {"auto": {}, "gemm table": {"path": "gemm"}}
+    out["gemm table swap"] = {
+        "path": "gemm",
+        "tiles": attrs.evolve(
+            default,
+            w13=attrs.evolve(default.w13, swap_ab=True),
+            w2=attrs.evolve(default.w2, swap_ab=True),
+        ),
+    }
+    rows = (
+        [(default.block_m, bn, bk, w, st) for bn, bk, w, st in OPERAND_DECODE]
+        if m <= 64
+        else OPERAND_PREFILL
+    )
+    for bm, bn, bk, w, st in rows:
+        for swap in (False, True):
+            t = GemmTiles(
+                block_n=bn, block_k=bk, num_warps=w, num_stages=st, swap_ab=swap,
+                nibble_halves=True,
+            )  # fmt: skip
+            split = default.w2.split_k if m <= 64 else 1
+            tiles = MoETiles(block_m=bm, w13=t, w2=attrs.evolve(t, split_k=split))
+            name = f"halves{' swap' if swap else ''} bm{bm} bn{bn} bk{bk} w{w} s{st}"
+            out[name] = {"tiles": tiles, "path": "gemm"}
+    return out
+
+
 def main() -> None:
     mode = sys.argv[1]
     only = sys.argv[2:] or list(MODELS)
@@ -122,7 +161,9 @@ def main() -> None:
     bw = copy_bandwidth()
     out_path = Path(os.environ.get("OUT", "/tmp")) / f"sweep_{mode}.jsonl"
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
-    ms_list = {"decode": [1, 4, 16, 64], "gemv": [1, 4]}.get(mode, [256, 1024, 4096])
+    ms_list = {"decode": [1, 4, 16, 64], "gemv": [1, 4], "operands": [16, 64]}.get(
+        mode, [256, 1024, 4096]
+    )
     emulation = mode == "emulation"
     if os.environ.get("SWEEP_M"):
         ms_list = [int(v) for v in os.environ["SWEEP_M"].split(",")]

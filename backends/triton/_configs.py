@@ -22,6 +22,12 @@ class GemmTiles:
         split_k: programs sharing one output tile along the reduction (w2 only).
         num_warps: warps per program.
         num_stages: software-pipeline depth.
+        swap_ab: compute the transposed product (weights as the dot's first
+            operand), so Hopper's tensor cores read the dequantized tile from
+            registers instead of a shared-memory copy of it.
+        nibble_halves: int4 only: dot the tile's low and high nibbles as two halves
+            against an activation whose K is permuted to match (even columns of each
+            ``block_k`` chunk, then odd), instead of interleaving them in registers.
     """
 
     block_n: int
@@ -29,6 +35,8 @@ class GemmTiles:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    swap_ab: bool = False
+    nibble_halves: bool = False
 
 
 @attrs.frozen(kw_only=True)

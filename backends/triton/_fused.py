@@ -31,6 +31,8 @@ from backends.triton._launch import (
     is_interpreting,
     launch_gemm,
     launch_gemv,
+    permute_k,
+    permuted_width,
     reduce_topk,
 )
 from core.config import MoEConfig
@@ -147,7 +149,12 @@ def _gemm_moe(
     f = int(w13.data.shape[1]) // 2
     align = align_pairs_to_blocks(routing.topk_ids, num_experts, block_m=tiles.block_m)
     dtype = buffer_dtype(x_TD.dtype)
-    inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
+    halves13 = tiles.w13.nibble_halves and not dequant and w13.is_int4
+    halves2 = tiles.w2.nibble_halves and not dequant and w2.is_int4
+    a_TD = permute_k(x_TD, tiles.w13.block_k) if halves13 else x_TD
+    perm_out = tiles.w2.block_k if halves2 else 0
+    width = permuted_width(f, perm_out) if halves2 else f
+    inter_NF = torch.empty(num_pairs, width, dtype=dtype, device=x_TD.device)
     split = tiles.w2.split_k
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
@@ -158,8 +165,8 @@ def _gemm_moe(
         hi = min(lo + step, num_experts)
         b13 = w13 if scratch is None else _dequantized(w13, lo, hi, scratch)
         launch_gemm(
-            x_TD, b13, inter_NF, align, tiles.w13, n=f, routing=routing,
-            config=config, gated=True, experts=(lo, hi),
+            a_TD, b13, inter_NF, align, tiles.w13, n=f, routing=routing,
+            config=config, gated=True, experts=(lo, hi), perm_out=perm_out,
         )  # fmt: skip
         b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
         launch_gemm(

@@ -147,6 +147,95 @@ def _load_weight_tile(
 
 
 @triton.jit
+def _codes_minus(nibbles, OFFSET: tl.constexpr, CT: tl.constexpr):
+    """``nibbles - OFFSET`` in dtype ``CT``, exactly.
+
+    bf16 ``0x4300 | q`` is ``128 + q`` and fp16 ``0x6400 | q`` is ``1024 + q``: the
+    codes become floats by bit pattern, with no conversion instruction. float32 (the
+    interpreter) converts.
+    """
+    if CT == tl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
+        out = (nibbles.to(tl.uint16) | 0x4300).to(tl.bfloat16, bitcast=True)
+        out = out - (128 + OFFSET)
+    elif CT == tl.float16:  # noqa: SIM300
+        out = (nibbles.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+        out = out - (1024 + OFFSET)
+    else:
+        out = nibbles.to(tl.int32).to(CT) - OFFSET
+    return out
+
+
+@triton.jit
+def _load_weight_halves(
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    offs_n,
+    n_mask,
+    k0,
+    K,
+    stride_bn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CT: tl.constexpr,
+):
+    """The even and the odd columns of an int4 ``(BLOCK_N, BLOCK_K)`` tile, dequantized.
+
+    Each is ``(BLOCK_N, BLOCK_K // 2)``: the low and the high nibbles of the same bytes,
+    so no register shuffle interleaves them (the activation is K-permuted to match).
+    Scales (and zero points) are loaded 1-D per group column and broadcast, which lets
+    Triton keep the tile in the layout of the dot's register operand.
+    """
+    HALF: tl.constexpr = BLOCK_K // 2
+    rows = offs_n.to(tl.int64)
+    offs_p = k0 // 2 + tl.arange(0, HALF)
+    mask = n_mask[:, None] & (offs_p[None, :] < K // 2)
+    packed = tl.load(
+        b_ptr + rows[:, None] * stride_bn + offs_p[None, :], mask=mask, other=0
+    )
+    lo = _codes_minus(packed & 0xF, 0 if HAS_ZP else 8, CT)
+    hi = _codes_minus(packed >> 4, 0 if HAS_ZP else 8, CT)
+    if BLOCK_K <= GROUP:  # one group per row
+        g_ptr = rows * stride_sn + k0 // GROUP
+        s = tl.load(scale_ptr + g_ptr, mask=n_mask, other=0).to(CT)[:, None]
+        if HAS_ZP:
+            z = tl.load(zero_ptr + g_ptr, mask=n_mask, other=0).to(CT)[:, None]
+            w_lo = (lo - z) * s
+            w_hi = (hi - z) * s
+        else:
+            w_lo = lo * s
+            w_hi = hi * s
+    else:  # NG groups per row: column i of a half is in group k0/GROUP + i // (GROUP/2)
+        NG: tl.constexpr = BLOCK_K // GROUP
+        offs_g = k0 // GROUP + tl.arange(0, NG)
+        g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
+        g_ptr = rows[:, None] * stride_sn + offs_g[None, :]
+        s = tl.load(scale_ptr + g_ptr, mask=g_mask, other=0).to(CT)[:, :, None]
+        lo3 = tl.reshape(lo, (BLOCK_N, NG, GROUP // 2))
+        hi3 = tl.reshape(hi, (BLOCK_N, NG, GROUP // 2))
+        if HAS_ZP:
+            z = tl.load(zero_ptr + g_ptr, mask=g_mask, other=0).to(CT)[:, :, None]
+            lo3 = lo3 - z
+            hi3 = hi3 - z
+        w_lo = tl.reshape(lo3 * s, (BLOCK_N, HALF))
+        w_hi = tl.reshape(hi3 * s, (BLOCK_N, HALF))
+    return w_lo.to(CT), w_hi.to(CT)
+
+
+@triton.jit
+def _dot(acc, a, w, SWAP_AB: tl.constexpr):
+    """``acc + a @ w.T``, or with ``SWAP_AB`` its transpose ``acc + w @ a.T``."""
+    if SWAP_AB:  # noqa: SIM108 (a constexpr branch, resolved at compile time)
+        out = tl.dot(w, tl.trans(a), acc)
+    else:
+        out = tl.dot(a, tl.trans(w), acc)
+    return out
+
+
+@triton.jit
 def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
     """``act(gate) * up`` in float32; ACT 0 silu, 1 gelu, 2 gelu_tanh, 3 swigluoai."""
     if ACT == 0:
@@ -204,6 +293,9 @@ def _moe_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    KPERM: tl.constexpr,
+    PERM_OUT: tl.constexpr,
 ):
     """One (row block, column tile, K split) of a grouped GEMM; see the module doc.
 
@@ -231,63 +323,67 @@ def _moe_gemm_kernel(
     b_e = b_ptr + (e - expert_lo).to(tl.int64) * stride_be
     s_e = scale_ptr + e.to(tl.int64) * stride_se
     z_e = zero_ptr + e.to(tl.int64) * stride_se
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    HALF: tl.constexpr = BLOCK_K // 2
     for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
-        a = tl.load(
-            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :], mask=a_mask, other=0
-        )
-        a = a.to(CT)
-        w = _load_weight_tile(
-            b_e,
-            s_e,
-            z_e,
-            offs_n,
-            n_mask,
-            k0,
-            K,
-            stride_bn,
-            stride_sn,
-            GROUP,
-            INT4,
-            HAS_ZP,
-            BLOCK_N,
-            BLOCK_K,
-            CT,
-        )
-        acc = tl.dot(a, tl.trans(w), acc)
-        if GATED:
-            w_up = _load_weight_tile(
-                b_e,
-                s_e,
-                z_e,
-                offs_n + N,
-                n_mask,
-                k0,
-                K,
-                stride_bn,
-                stride_sn,
-                GROUP,
-                INT4,
-                HAS_ZP,
-                BLOCK_N,
-                BLOCK_K,
-                CT,
-            )
-            acc_up = tl.dot(a, tl.trans(w_up), acc_up)
+        if KPERM:
+            offs_h = tl.arange(0, HALF)
+            a_mask = m_mask[:, None] & ((k0 // 2 + offs_h)[None, :] < k_end // 2)
+            a_lo_ptrs = a_ptr + a_rows[:, None] * stride_am + (k0 + offs_h)[None, :]
+            a_lo = tl.load(a_lo_ptrs, mask=a_mask, other=0).to(CT)
+            a_hi = tl.load(a_lo_ptrs + HALF, mask=a_mask, other=0).to(CT)
+            w_lo, w_hi = _load_weight_halves(
+                b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn,
+                GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+            )  # fmt: skip
+            acc = _dot(acc, a_lo, w_lo, SWAP_AB)
+            acc = _dot(acc, a_hi, w_hi, SWAP_AB)
+            if GATED:
+                u_lo, u_hi = _load_weight_halves(
+                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn, stride_sn,
+                    GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+                )  # fmt: skip
+                acc_up = _dot(acc_up, a_lo, u_lo, SWAP_AB)
+                acc_up = _dot(acc_up, a_hi, u_hi, SWAP_AB)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+            a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+            a = tl.load(a_ptrs, mask=a_mask, other=0).to(CT)
+            w = _load_weight_tile(
+                b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn,
+                GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+            )  # fmt: skip
+            acc = _dot(acc, a, w, SWAP_AB)
+            if GATED:
+                w_up = _load_weight_tile(
+                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn, stride_sn,
+                    GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+                )  # fmt: skip
+                acc_up = _dot(acc_up, a, w_up, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     if WEIGHT_ROWS:
         rw = tl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
         acc = acc * rw[:, None]
         acc_up = acc_up * rw[:, None]
     if GATED:
         acc = _activate(acc, acc_up, alpha, limit, ACT)
+    cols = offs_n
+    if PERM_OUT > 0:  # the next GEMM reads this output K-permuted (see KPERM)
+        i = offs_n % PERM_OUT
+        cols = offs_n - i + (i % 2) * (PERM_OUT // 2) + i // 2
     c_ptrs = c_ptr + pid_s * stride_cs + pairs.to(tl.int64)[:, None] * stride_cm
     tl.store(
-        c_ptrs + offs_n[None, :],
+        c_ptrs + cols[None, :],
         acc.to(c_ptr.dtype.element_ty),
         mask=m_mask[:, None] & n_mask[None, :],
     )

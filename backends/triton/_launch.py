@@ -75,17 +75,21 @@ def launch_gemm(
     config: MoEConfig,
     gated: bool,
     experts: tuple[int, int],
+    perm_out: int = 0,
 ) -> None:
     """Launch ``_moe_gemm_kernel`` writing ``out`` ``(S, N, n)`` or ``(N, n)``.
 
     ``experts``: ``(lo, hi)``, the experts ``b`` holds (all, or a dequantized chunk);
-    blocks of other experts are skipped.
+    blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
+    weights ``a_MK`` is K-permuted in chunks of ``tiles.block_k`` (``permute_k``);
+    ``perm_out`` > 0 writes ``out`` K-permuted in chunks of ``perm_out`` for the next
+    GEMM (``out`` then has ``permuted_width(n, perm_out)`` columns).
     """
     import triton
 
     from backends.triton._kernels import _moe_gemm_kernel
 
-    k = int(a_MK.shape[1])
+    k = int(b.data.shape[2]) * (2 if b.is_int4 else 1)  # a_MK may be wider (padded)
     k_per_split = (
         triton.cdiv(triton.cdiv(k, tiles.split_k), tiles.block_k) * tiles.block_k
     )
@@ -128,9 +132,32 @@ def launch_gemm(
         BLOCK_M=align.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
+        SWAP_AB=tiles.swap_ab,
+        KPERM=tiles.nibble_halves and b.is_int4,
+        PERM_OUT=perm_out,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
+
+
+def permuted_width(k: int, chunk: int) -> int:
+    """Columns of a K-permuted buffer: ``k`` rounded up to whole chunks."""
+    return -(-k // chunk) * chunk
+
+
+def permute_k(x_MK: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``x`` with each ``chunk`` of columns reordered: even columns, then odd ones.
+
+    The layout ``nibble_halves`` GEMMs read: an int4 byte's low nibble multiplies
+    column ``k0 + i`` and its high nibble ``k0 + chunk/2 + i``. The last chunk is
+    zero-padded to full width.
+    """
+    m, k = x_MK.shape
+    width = permuted_width(k, chunk)
+    if width != k:
+        x_MK = torch.nn.functional.pad(x_MK, (0, width - k))
+    chunks = x_MK.reshape(m, width // chunk, chunk // 2, 2)
+    return chunks.transpose(2, 3).reshape(m, width)
 
 
 def launch_gemv(

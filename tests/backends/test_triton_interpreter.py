@@ -24,11 +24,12 @@ from backends.triton._align import align_pairs_to_blocks
 from backends.triton._configs import (
     DEQUANT_PAIRS_PER_EXPERT,
     GEMV_BY_DEFAULT,
+    GemmTiles,
     GemvTiles,
     MoETiles,
 )
 from backends.triton._fused import fused_moe, use_dequant, use_gemv
-from backends.triton._launch import ExpertMatrix
+from backends.triton._launch import ExpertMatrix, permute_k, permuted_width
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -268,6 +269,7 @@ def _run_path(
     *,
     drop: bool = True,
     gemv_tiles: GemvTiles | None = None,
+    tiles: MoETiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, TritonW4A16Prepared, Routing, MoEConfig]:
     """Run ``path`` on a tiny layer; returns (out, oracle, prepared, routing, config).
 
@@ -293,7 +295,7 @@ def _run_path(
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     out = fused_moe(
         hidden_TD, prepared.w13, prepared.w2, routing, config,
-        path=path, gemv_tiles=gemv_tiles,  # type: ignore[arg-type]
+        path=path, gemv_tiles=gemv_tiles, tiles=tiles,  # type: ignore[arg-type]
     )  # fmt: skip
     assert out.dtype == dtype
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
@@ -335,6 +337,65 @@ def test_gemv_loop_variants_match_oracle(
     tiles: GemvTiles, case: PathCase, generator: torch.Generator
 ) -> None:
     _run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
+
+
+def _gemm_tiles(
+    w13_k: int = 64, w2_k: int = 32, *, swap: bool = False, halves: bool = False
+) -> MoETiles:
+    return MoETiles(
+        block_m=16,
+        w13=GemmTiles(block_n=32, block_k=w13_k, swap_ab=swap, nibble_halves=halves),
+        w2=GemmTiles(
+            block_n=32, block_k=w2_k, split_k=2, swap_ab=swap, nibble_halves=halves
+        ),
+    )
+
+
+GEMM_VARIANTS = {
+    "swap": _gemm_tiles(swap=True),
+    "halves": _gemm_tiles(halves=True),
+    "halves-swap": _gemm_tiles(swap=True, halves=True),
+    # w2 K = 64 in one chunk: two scale groups of 32 per half
+    "halves-w2-chunk-64": _gemm_tiles(32, 64, halves=True),
+}
+
+
+@pytest.mark.parametrize("tiles", GEMM_VARIANTS.values(), ids=GEMM_VARIANTS.keys())
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
+def test_gemm_operand_variants_match_oracle(
+    tiles: MoETiles, case: PathCase, generator: torch.Generator
+) -> None:
+    """Swapped operands and nibble halves (K-permuted inputs, D = 96 a partial chunk)."""
+    _run_path("gemm", case, 5, generator, tiles=tiles)
+
+
+def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) -> None:
+    """16-bit weights read unpermuted inputs whatever the tiles ask for."""
+    config = _config()
+    weights = _weights(SCHEMES[0], torch.bfloat16, generator)
+    with pytest.warns(EmulationMemoryWarning):
+        prepared = TritonEmulationBackend().prepare(
+            weights, config, dtype=torch.bfloat16
+        )
+    hidden_TD = torch.randn(5, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    w13 = ExpertMatrix(data=prepared.w13_dense)
+    w2 = ExpertMatrix(data=prepared.w2_dense)
+    tiles = _gemm_tiles(swap=True, halves=True)
+    out = fused_moe(hidden_TD, w13, w2, routing, config, tiles=tiles)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+def test_permute_k_puts_even_columns_first_in_each_chunk() -> None:
+    x = torch.arange(2 * 10, dtype=torch.float32).reshape(2, 10)
+    out = permute_k(x, 4)
+    assert permuted_width(10, 4) == 12
+    assert out.shape == (2, 12)
+    row = [0, 2, 1, 3, 4, 6, 5, 7, 8, -1, 9, -1]  # -1: zero padding
+    for r in range(2):
+        want = [x[r, c].item() if c >= 0 else 0.0 for c in row]
+        assert out[r].tolist() == want
 
 
 def test_sixteen_bit_prefill_tiles_rule() -> None:
