@@ -45,7 +45,13 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import GemmTiles, GemvTiles, MoETiles
+from backends.triton._configs import (
+    SIXTEEN_BIT_MIN_PAIRS,
+    GemmTiles,
+    GemvTiles,
+    MoETiles,
+    choose_tiles,
+)
 from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
@@ -66,12 +72,8 @@ EMULATION_GEMM = [  # (block_m, block_n, block_k, warps, stages): 16-bit weights
     (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (32, 128, 64, 4, 4),
     (128, 128, 32, 8, 4), (64, 64, 128, 4, 4),
 ]  # fmt: skip
-OPERAND_DECODE = [  # (block_n, block_k, warps, stages) at the table's row block
-    (64, 128, 4, 4), (128, 128, 4, 3), (64, 256, 4, 3), (128, 64, 4, 4), (128, 256, 4, 3),
-]  # fmt: skip
-OPERAND_PREFILL = [  # (block_m, block_n, block_k, warps, stages)
-    (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (64, 128, 128, 4, 3),
-    (128, 256, 64, 8, 3), (128, 128, 64, 4, 3), (64, 256, 64, 8, 3), (32, 128, 128, 4, 4),
+OPERAND_ROWS = [  # (block_m, block_n, block_k, warps, stages): swapped, nibble halves
+    (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (32, 64, 128, 4, 4), (64, 128, 64, 4, 3),
 ]  # fmt: skip
 PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
     (128, 128, 128, 64, 8, 3),
@@ -81,7 +83,7 @@ PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
 
 
 def variants(
-    m: int, k: int, default: MoETiles, mode: str
+    m: int, k: int, e: int, default: MoETiles, mode: str
 ) -> dict[str, dict[str, object]]:
     """Keyword arguments of fused_moe per variant name."""
     if mode == "emulation":
@@ -92,7 +94,7 @@ def variants(
             out_e[name] = {"tiles": MoETiles(block_m=bm, w13=t, w2=t)}
         return out_e
     if mode == "operands":
-        return operand_variants(m, default)
+        return operand_variants(m, k, e, default)
     if mode == "gemv":
         base = pick_gemv_tiles(m * k)
         return {
@@ -125,32 +127,40 @@ def variants(
     return out
 
 
-def operand_variants(m: int, default: MoETiles) -> dict[str, dict[str, object]]:
-    """In-register int4 GEMM: swapped operands and nibble halves beside the table."""
+def operand_variants(
+    m: int, k: int, e: int, default: MoETiles
+) -> dict[str, dict[str, object]]:
+    """The int4 table beside the previous table's plain tiles, rows, and the GEMV.
+
+    The table has swapped operands and nibble halves; the GEMV is timed at decode.
+    The first round of this sweep (bench/sweeps/sweep_operands_round1_*.log) timed
+    each tile with and without swapped operands; swapped won almost everywhere.
+    """
     out: dict[str, dict[str, object]] = {"auto": {}, "gemm table": {"path": "gemm"}}
-    out["gemm table swap"] = {
-        "path": "gemm",
-        "tiles": attrs.evolve(
-            default,
-            w13=attrs.evolve(default.w13, swap_ab=True),
-            w2=attrs.evolve(default.w2, swap_ab=True),
-        ),
-    }
-    rows = (
-        [(default.block_m, bn, bk, w, st) for bn, bk, w, st in OPERAND_DECODE]
-        if m <= 64
-        else OPERAND_PREFILL
-    )
-    for bm, bn, bk, w, st in rows:
-        for swap in (False, True):
-            t = GemmTiles(
-                block_n=bn, block_k=bk, num_warps=w, num_stages=st, swap_ab=swap,
-                nibble_halves=True,
-            )  # fmt: skip
-            split = default.w2.split_k if m <= 64 else 1
-            tiles = MoETiles(block_m=bm, w13=t, w2=attrs.evolve(t, split_k=split))
-            name = f"halves{' swap' if swap else ''} bm{bm} bn{bn} bk{bk} w{w} s{st}"
-            out[name] = {"tiles": tiles, "path": "gemm"}
+    if m <= 64:
+        out["gemv"] = {"path": "gemv"}
+    plain = choose_tiles(
+        num_pairs=m * k, num_experts=e, hidden_size=1, intermediate_size=1,
+        sixteen_bit=True,
+    )  # fmt: skip
+    if m * k < SIXTEEN_BIT_MIN_PAIRS:  # the previous int4 table's plain tiles
+        out["gemm plain (previous table)"] = {
+            "path": "gemm",
+            "tiles": attrs.evolve(
+                plain, w2=attrs.evolve(plain.w2, split_k=default.w2.split_k)
+            ),
+        }
+    for bm, bn, bk, w, st in OPERAND_ROWS:
+        t = GemmTiles(
+            block_n=bn, block_k=bk, num_warps=w, num_stages=st, swap_ab=True,
+            nibble_halves=True,
+        )  # fmt: skip
+        split = default.w2.split_k if bm == 16 else 1
+        tiles = MoETiles(block_m=bm, w13=t, w2=attrs.evolve(t, split_k=split))
+        out[f"halves swap bm{bm} bn{bn} bk{bk} w{w} s{st}"] = {
+            "tiles": tiles,
+            "path": "gemm",
+        }
     return out
 
 
@@ -161,9 +171,11 @@ def main() -> None:
     bw = copy_bandwidth()
     out_path = Path(os.environ.get("OUT", "/tmp")) / f"sweep_{mode}.jsonl"
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
-    ms_list = {"decode": [1, 4, 16, 64], "gemv": [1, 4], "operands": [16, 64]}.get(
-        mode, [256, 1024, 4096]
-    )
+    ms_list = {
+        "decode": [1, 4, 16, 64],
+        "gemv": [1, 4],
+        "operands": [1, 4, 16, 64, 256],
+    }.get(mode, [256, 1024, 4096])
     emulation = mode == "emulation"
     if os.environ.get("SWEEP_M"):
         ms_list = [int(v) for v in os.environ["SWEEP_M"].split(",")]
@@ -188,7 +200,7 @@ def main() -> None:
             ref = moe_forward_reference(x, q, r, cfg)
             default = pick_tiles(m * k, w13, w2)
             fns: dict[str, Callable[[], torch.Tensor]] = {}
-            for key, kw in variants(m, k, default, mode).items():
+            for key, kw in variants(m, k, e, default, mode).items():
                 fns[key] = lambda kw=kw: fused_moe(x, w13, w2, r, cfg, **kw)
             if emulation:
                 fns["grouped_mm bf16"] = lambda: grouped_mm_anchor(

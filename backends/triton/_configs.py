@@ -170,30 +170,77 @@ def choose_tiles(
     """Tiles for one forward; pure over the (host-known) sizes.
 
     ``sixteen_bit``: the GEMMs read 16-bit weights (triton-emulation, or the dequant
-    path's scratch); from ``SIXTEEN_BIT_MIN_PAIRS`` pairs and more than 8 per expert
-    they take ``sixteen_bit_prefill_tiles``, else the int4 table below.
-
-    The row block is sized from the expected pairs per expert, so that at decode sizes
-    each busy expert gets one block and its weights are read once. Decode columns at
-    16-row blocks: 32 x 256 (128 contiguous bytes per row and step) was the fastest
-    of the measured tiles (Qwen3-235B and DeepSeek-V3 at M = 4, 16, 64; Mixtral and
-    Qwen3-30B at 64; bench/TUNING.md). The w2 split is sized as in that sweep.
+    path's scratch) and take ``sixteen_bit_tiles``; int4 weights take
+    ``int4_tiles``.
     """
     per_expert = -(-num_pairs // num_experts)
-    if sixteen_bit and num_pairs >= SIXTEEN_BIT_MIN_PAIRS and per_expert > 8:
+    if sixteen_bit:
+        return sixteen_bit_tiles(
+            num_pairs, num_experts, per_expert, hidden_size, intermediate_size
+        )
+    return int4_tiles(
+        num_pairs, num_experts, per_expert, hidden_size, intermediate_size
+    )
+
+
+INT4_FEW_PER_EXPERT: Final = 16
+"""Up to this many routed pairs per expert the int4 GEMM takes 16-row blocks."""
+
+
+def int4_tiles(
+    num_pairs: int, num_experts: int, per_expert: int, hidden: int, inter: int
+) -> MoETiles:
+    """The in-register int4 GEMM: swapped operands and nibble halves everywhere.
+
+    From ``sweep_tiles.py operands`` (H200, bench/sweeps/sweep_operands_*.log): the
+    dequantized tile as the dot's register operand, its low and high nibbles dotted
+    as two halves against a K-permuted input, beat the unswapped interleaved tile at
+    every measured size, 10-22% at decode (DeepSeek-V3 M = 64 2.80 vs 3.58 ms) and
+    up to 1.5x at prefill (DeepSeek-V3 M = 4096 13.8 vs 20.7 ms). 16-row blocks of
+    64 x 128 up to ``INT4_FEW_PER_EXPERT`` pairs per expert (w2 split-K to about two
+    waves), 64-row blocks of 128 x 64 above.
+    """
+    if per_expert <= INT4_FEW_PER_EXPERT:
+        tiles = GemmTiles(
+            block_n=64, block_k=128, num_warps=4, num_stages=4, swap_ab=True,
+            nibble_halves=True,
+        )  # fmt: skip
+        w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
+        split = split_for(w2_out, inter, 128)
+        return MoETiles(block_m=16, w13=tiles, w2=attrs.evolve(tiles, split_k=split))
+    tiles = GemmTiles(
+        block_n=128, block_k=64, num_warps=4, num_stages=3, swap_ab=True,
+        nibble_halves=True,
+    )  # fmt: skip
+    return MoETiles(block_m=64, w13=tiles, w2=tiles)
+
+
+def sixteen_bit_tiles(
+    num_pairs: int, num_experts: int, per_expert: int, hidden: int, inter: int
+) -> MoETiles:
+    """GEMM tiles for 16-bit weights.
+
+    From ``SIXTEEN_BIT_MIN_PAIRS`` pairs and more than 8 per expert,
+    ``sixteen_bit_prefill_tiles``. Below, the row block is sized from the expected
+    pairs per expert, so that at decode sizes each busy expert gets one block and its
+    weights are read once; 16-row blocks take 32 x 256 columns (128 contiguous bytes
+    per row and step), larger ones 64 x 128 (32 x 256 was 1.6-2.7x slower there;
+    bench/TUNING.md), with the w2 split sized as in that sweep.
+    """
+    if num_pairs >= SIXTEEN_BIT_MIN_PAIRS and per_expert > 8:
         return sixteen_bit_prefill_tiles(per_expert)
     busy = min(num_experts, num_pairs)
     if per_expert <= 64:
         block_m = min(64, max(16, _next_pow2(per_expert)))
-        w2_out = busy * -(-hidden_size // 64)
+        w2_out = busy * -(-hidden // 64)
         if block_m == 16:
             tiles = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)
-        else:  # 32 x 256 was 1.6-2.7x slower than this at 32-64 rows (bench/TUNING.md)
+        else:
             tiles = GemmTiles(block_n=64, block_k=128, num_warps=4, num_stages=4)
         return MoETiles(
             block_m=block_m,
             w13=tiles,
-            w2=attrs.evolve(tiles, split_k=split_for(w2_out, intermediate_size, 128)),
+            w2=attrs.evolve(tiles, split_k=split_for(w2_out, inter, 128)),
         )
     block_m = 64 if per_expert <= 256 else 128
     tiles = GemmTiles(block_n=128, block_k=64, num_warps=8 if block_m == 128 else 4)

@@ -415,10 +415,32 @@ def test_sixteen_bit_prefill_tiles_rule() -> None:
     assert tiles(8192, 256).w13.block_n == 256  # 32 per expert
     assert tiles(2048, 128).block_m == 32  # 16 per expert
     assert tiles(2048, 128).w13.num_stages == 4
-    # Outside the measured classes the int4 table stays: <= 8 per expert, few pairs.
-    assert tiles(2048, 256) == tiles(2048, 256, sixteen_bit=False)
-    assert tiles(128, 8) == tiles(128, 8, sixteen_bit=False)
-    assert tiles(8192, 128, sixteen_bit=False).block_m == 64
+    # Outside the measured classes (<= 8 per expert, few pairs): the decode rows.
+    assert tiles(2048, 256).block_m == 16  # 8 per expert
+    assert tiles(2048, 256).w13.block_n == 32
+    assert tiles(128, 8).block_m == 16
+    assert not tiles(128, 8).w13.swap_ab  # only int4 tiles swap operands
+
+
+def test_int4_tiles_rule() -> None:
+    """int4: swapped nibble-halves tiles; 16-row blocks up to 16 pairs per expert."""
+
+    def tiles(pairs: int, experts: int) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=experts, hidden_size=7168,
+            intermediate_size=2048,
+        )  # fmt: skip
+
+    for pairs, experts in [(8, 256), (512, 256), (2048, 128), (32768, 256)]:
+        t = tiles(pairs, experts)
+        flags = {(g.swap_ab, g.nibble_halves) for g in (t.w13, t.w2)}
+        assert flags == {(True, True)}
+    assert tiles(2048, 128).block_m == 16  # 16 per expert
+    assert tiles(2048, 128).w13.block_n == 64
+    assert tiles(2049, 128).block_m == 64  # 17 per expert
+    assert tiles(32768, 256).w13.block_k == 64
+    assert tiles(2, 8).w2.split_k > 1  # few w2 tiles: split K
+    assert tiles(32768, 256).w2.split_k == 1
 
 
 def test_gemv_w2_split_rule() -> None:
