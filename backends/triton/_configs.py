@@ -87,11 +87,16 @@ GEMV_MANY: Final = GemvTiles(block_n=32, block_k=256)
 """Decode GEMV for more pairs (M = 4 on Qwen3-235B / DeepSeek-V3: 0.208 / 0.456 ms vs
 0.213 / 0.467 for 16 x 512)."""
 GEMV_FEW_PAIRS: Final = 8
+GEMV_MAX_PAIRS: Final = 8
+"""``use_gemv`` takes the GEMV up to this many routed pairs (and at most one per two
+experts). Against the swapped nibble-halves GEMM (bench/sweeps/sweep_operands_round2_
+h200.log): at M = 1 the GEMV was faster on all four model shapes (Mixtral 0.135 vs
+0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142, Qwen3-30B 0.029 vs
+0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B (0.202 vs 0.213) and DeepSeek-V3
+(0.447 vs 0.465) and lost on Qwen3-30B (0.073 vs 0.070); at M = 16 on DeepSeek-V3 it
+won by 1.3x (1.34 vs 1.72)."""
 GEMV_BY_DEFAULT: Final = True
-"""Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it. At M = 1 it beat
-the grouped GEMM with its best measured tiles by 1.1-1.3x on all four model shapes, at
-M = 4 (Qwen3-235B, DeepSeek-V3) by 1.1x; at M = 16 on DeepSeek-V3 (the rule's edge) the
-GEMM was 2% faster."""
+"""Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it."""
 GEMV_INTERPRETER: Final = GemvTiles(block_n=16, block_k=64)
 """Decode GEMV in the CPU interpreter: small tiles, several steps and groups per step."""
 DEQUANT_PAIRS_PER_EXPERT: Final = 256

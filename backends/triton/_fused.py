@@ -3,11 +3,13 @@
 May import core; triton only inside functions. Three paths compute the same layer:
 
 - ``gemv`` (int4, decode): two pair-major GEMVs (w2's K split across programs when
-  they are few) and the top-k sum, three launches; taken when pairs rarely share an
-  expert (``use_gemv``).
+  they are few) and the top-k sum, three launches; taken for a handful of pairs that
+  rarely share an expert (``use_gemv``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
-  registers, 16-bit weights (triton-emulation) are read as they are.
+  registers (the int4 table swaps the operands and dots the low and high nibbles as
+  two halves against a K-permuted input: ``permute_k`` for w13, and w13 writes its
+  output permuted for w2), 16-bit weights (triton-emulation) are read as they are.
 - ``dequant`` (int4, prefill): the ``gemm`` path on 16-bit weights, with chunks of
   experts dequantized into a bounded scratch buffer just before their GEMMs;
   taken from ``DEQUANT_PAIRS_PER_EXPERT`` pairs per expert (``use_dequant``).
@@ -45,12 +47,13 @@ Path = Literal["auto", "gemm", "gemv", "dequant"]
 def use_gemv(
     num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
 ) -> bool:
-    """Decode rule: int4 weights and at most one routed pair per two experts.
+    """Decode rule: int4, <= ``GEMV_MAX_PAIRS`` pairs, <= one pair per two experts.
 
     Then pairs rarely share an expert, so the pair-major GEMV reads each used
     expert's bytes about once, without the GEMM's 16-row minimum or its alignment.
     """
-    return enabled and w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])
+    few = num_pairs <= configs.GEMV_MAX_PAIRS
+    return enabled and w13.is_int4 and few and 2 * num_pairs <= int(w13.data.shape[0])
 
 
 def use_dequant(num_pairs: int, w13: ExpertMatrix) -> bool:

@@ -459,6 +459,9 @@ def test_gemv_is_the_decode_rule() -> None:
     w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
     assert use_gemv(4, w13, enabled=True)  # 4 pairs over 8 experts
     assert not use_gemv(5, w13, enabled=True)
+    many = ExpertMatrix(data=torch.zeros(256, 4, 2, dtype=torch.uint8))
+    assert use_gemv(configs.GEMV_MAX_PAIRS, many, enabled=True)
+    assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, many, enabled=True)
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert not use_gemv(1, dense, enabled=True)
     assert not use_gemv(1, w13, enabled=False)
