@@ -1,12 +1,14 @@
 """Variant sweep for backends/triton/_configs.py (run on the GPU).
 
-``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill|emulation|operands [model ...]``: for the model
+``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill|emulation|operands|group [model ...]``: for the model
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); at prefill the in-register GEMM, the dequant path and
 ``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
-int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table. Decode sizes (M <= 64) are timed under
+int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table;
+``group``: the launch orders (``GemmTiles.group_m``) of the table's tiles, int4 and bf16,
+beside ``torch._grouped_mm`` at M = 1024 and 4096. Decode sizes (M <= 64) are timed under
 CUDA-graph replay, prefill eagerly; each output is checked against the float32
 reference first. Prints one line per variant and appends it to $OUT/sweep_<mode>.jsonl.
 bench/sweeps/ holds the logs of the sweep behind the table (it also timed kernel
@@ -52,11 +54,12 @@ from backends.triton._configs import (
     MoETiles,
     choose_tiles,
 )
-from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles
+from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
 from core.reference import moe_forward_reference
+from core.routing import Routing
 
 DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (32, 256, 4, 3),
@@ -95,6 +98,8 @@ def variants(
         return out_e
     if mode == "operands":
         return operand_variants(m, k, e, default)
+    if mode == "group":
+        return {}  # group_fns
     if mode == "gemv":
         base = pick_gemv_tiles(m * k)
         return {
@@ -164,6 +169,35 @@ def operand_variants(
     return out
 
 
+GROUP_MS = (0, 4, 8, 16, 32)
+
+
+def group_fns(
+    x: torch.Tensor,
+    r: Routing,
+    cfg: MoEConfig,
+    int4: tuple[ExpertMatrix, ExpertMatrix],
+    dense: tuple[ExpertMatrix, ExpertMatrix],
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """The table's tiles in each launch order (``GemmTiles.group_m``), int4 and bf16."""
+    out: dict[str, Callable[[], torch.Tensor]] = {}
+    pairs = r.topk_ids.numel()
+    for label, (a, b) in (("w4a16", int4), ("emulation", dense)):
+        dq = label == "w4a16" and use_dequant(pairs, a)
+        base = pick_tiles(pairs, a, b, dequant=dq)
+        path = "dequant" if dq else "gemm"
+        for g in GROUP_MS:
+            tiles = attrs.evolve(
+                base,
+                w13=attrs.evolve(base.w13, group_m=g),
+                w2=attrs.evolve(base.w2, group_m=g),
+            )
+            out[f"{label} {path} group_m {g}"] = lambda a=a, b=b, t=tiles, p=path: (
+                fused_moe(x, a, b, r, cfg, tiles=t, path=p)
+            )
+    return out
+
+
 def main() -> None:
     mode = sys.argv[1]
     only = sys.argv[2:] or list(MODELS)
@@ -175,6 +209,7 @@ def main() -> None:
         "decode": [1, 4, 16, 64],
         "gemv": [1, 4],
         "operands": [1, 4, 16, 64, 256],
+        "group": [1024, 4096],
     }.get(mode, [256, 1024, 4096])
     emulation = mode == "emulation"
     if os.environ.get("SWEEP_M"):
@@ -186,6 +221,10 @@ def main() -> None:
         w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
         w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
         dense = None
+        dense16 = None
+        if mode == "group":
+            w13d, w2d = dense_bf16(q)
+            dense16 = (ExpertMatrix(data=w13d), ExpertMatrix(data=w2d))
         if emulation:  # the variants run on 16-bit weights, the anchor beside them
             w13d, w2d = dense_bf16(q)
             w13, w2 = ExpertMatrix(data=w13d), ExpertMatrix(data=w2d)
@@ -202,6 +241,11 @@ def main() -> None:
             fns: dict[str, Callable[[], torch.Tensor]] = {}
             for key, kw in variants(m, k, e, default, mode).items():
                 fns[key] = lambda kw=kw: fused_moe(x, w13, w2, r, cfg, **kw)
+            if dense16 is not None:
+                fns = group_fns(x, r, cfg, (w13, w2), dense16)
+                fns["grouped_mm bf16"] = lambda d16=dense16: grouped_mm_anchor(
+                    x, d16[0].data.transpose(1, 2), d16[1].data.transpose(1, 2), r
+                )
             if emulation:
                 fns["grouped_mm bf16"] = lambda: grouped_mm_anchor(
                     x, w13.data.transpose(1, 2), w2.data.transpose(1, 2), r
@@ -230,7 +274,7 @@ def main() -> None:
                 )
                 with out_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
-        del q, dense
+        del q, dense, dense16
         torch.cuda.empty_cache()
     if mode == "gemv":
         print(f"GEMV_VARIANT={choose_gemv_variant(out_path)}", flush=True)

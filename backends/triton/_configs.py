@@ -28,6 +28,9 @@ class GemmTiles:
         nibble_halves: int4 only: dot the tile's low and high nibbles as two halves
             against an activation whose K is permuted to match (even columns of each
             ``block_k`` chunk, then odd), instead of interleaving them in registers.
+        group_m: launch order: 0 runs every row block of a column tile before the
+            next tile; ``g`` > 0 runs ``g`` row blocks across all column tiles before
+            the next ``g`` (their input rows stay in L2).
     """
 
     block_n: int
@@ -37,6 +40,7 @@ class GemmTiles:
     num_stages: int = 3
     swap_ab: bool = False
     nibble_halves: bool = False
+    group_m: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 @attrs.frozen(kw_only=True)

@@ -5,7 +5,8 @@ GEMM names apply in this file: ``M`` rows (routed pairs grouped by expert), ``N`
 output columns, ``K`` the reduction dimension (``K`` is D for w13 and F for w2);
 top-k is ``TOP_K``. A pair ``p`` is token ``p // TOP_K``'s ``p % TOP_K``-th choice.
 
-Blocked algorithm of ``_moe_gemm_kernel`` (grid: row blocks x column tiles x K splits)::
+Blocked algorithm of ``_moe_gemm_kernel`` (grid: row blocks * column tiles, flattened
+in the order ``_tile_of`` gives, x K splits)::
 
     e = block_expert[b]                               # -1: unused block of the grid
     if not lo <= e < hi: return                       # B holds experts lo..hi-1
@@ -254,6 +255,28 @@ def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
 
 
 @triton.jit
+def _tile_of(pid, programs, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column tile) of program ``pid`` of the flattened grid.
+
+    ``GROUP_M`` 0: row blocks vary fastest (all blocks of a column tile, then the
+    next tile). Else programs walk ``GROUP_M`` row blocks by every column tile before
+    the next ``GROUP_M`` blocks, so the rows a wave reads stay in L2.
+    """
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    blocks = programs // tiles_n
+    if GROUP_M == 0:
+        pid_b = pid % blocks
+        pid_n = pid // blocks
+    else:
+        in_group = GROUP_M * tiles_n
+        first = (pid // in_group) * GROUP_M
+        size = tl.minimum(blocks - first, GROUP_M)
+        pid_b = first + (pid % in_group) % size
+        pid_n = (pid % in_group) // size
+    return pid_b, pid_n
+
+
+@triton.jit
 def _moe_gemm_kernel(
     # pointers
     a_ptr,
@@ -296,6 +319,7 @@ def _moe_gemm_kernel(
     SWAP_AB: tl.constexpr,
     KPERM: tl.constexpr,
     PERM_OUT: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     """One (row block, column tile, K split) of a grouped GEMM; see the module doc.
 
@@ -307,8 +331,7 @@ def _moe_gemm_kernel(
     activation dtype on the GPU and float32 in the interpreter, whose bf16 arithmetic
     is wrong (triton-lang/triton#11584).
     """
-    pid_b = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_b, pid_n = _tile_of(tl.program_id(0), tl.num_programs(0), N, BLOCK_N, GROUP_M)
     pid_s = tl.program_id(2)
     e = tl.load(block_expert_ptr + pid_b)
     if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk

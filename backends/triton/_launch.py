@@ -96,7 +96,7 @@ def launch_gemm(
     scale = b.scale if b.scale is not None else b.data
     zero = b.zero_point if b.zero_point is not None else scale
     lo, hi = experts
-    grid = (align.max_blocks, triton.cdiv(n, tiles.block_n), tiles.split_k)
+    grid = (align.max_blocks * triton.cdiv(n, tiles.block_n), 1, tiles.split_k)
     _moe_gemm_kernel[grid](
         a_MK,
         b.data,
@@ -135,6 +135,7 @@ def launch_gemm(
         SWAP_AB=tiles.swap_ab,
         KPERM=tiles.nibble_halves and b.is_int4,
         PERM_OUT=perm_out,
+        GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

@@ -6,6 +6,7 @@ device exists (before any kernel is imported), so a GPU run keeps compiled kerne
 
 import os
 
+import attrs
 import pytest
 import torch
 
@@ -340,15 +341,18 @@ def test_gemv_loop_variants_match_oracle(
 
 
 def _gemm_tiles(
-    w13_k: int = 64, w2_k: int = 32, *, swap: bool = False, halves: bool = False
+    w13_k: int = 64,
+    w2_k: int = 32,
+    *,
+    swap: bool = False,
+    halves: bool = False,
+    group_m: int = 0,
 ) -> MoETiles:
-    return MoETiles(
-        block_m=16,
-        w13=GemmTiles(block_n=32, block_k=w13_k, swap_ab=swap, nibble_halves=halves),
-        w2=GemmTiles(
-            block_n=32, block_k=w2_k, split_k=2, swap_ab=swap, nibble_halves=halves
-        ),
+    w13 = GemmTiles(
+        block_n=32, block_k=w13_k, swap_ab=swap, nibble_halves=halves, group_m=group_m
     )
+    w2 = attrs.evolve(w13, block_k=w2_k, split_k=2)
+    return MoETiles(block_m=16, w13=w13, w2=w2)
 
 
 GEMM_VARIANTS = {
@@ -357,6 +361,9 @@ GEMM_VARIANTS = {
     "halves-swap": _gemm_tiles(swap=True, halves=True),
     # w2 K = 64 in one chunk: two scale groups of 32 per half
     "halves-w2-chunk-64": _gemm_tiles(32, 64, halves=True),
+    # 3 row blocks per group over 4 (w13) / 3 (w2) column tiles: a partial last group
+    "group-3": _gemm_tiles(group_m=3),
+    "group-1-halves-swap": _gemm_tiles(swap=True, halves=True, group_m=1),
 }
 
 
