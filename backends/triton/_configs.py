@@ -31,6 +31,12 @@ class GemmTiles:
         group_m: launch order: 0 runs every row block of a column tile before the
             next tile; ``g`` > 0 runs ``g`` row blocks across all column tiles before
             the next ``g`` (their input rows stay in L2).
+        int4_words: int4 only, instead of ``nibble_halves``: read the codes as int32
+            words (8 codes each) in K order and dequantize each word with one
+            inline-PTX block on the GPU (shifts and converts in the interpreter).
+            Taken where ``K % 8 == 0`` and the group size is a multiple of 8;
+            needs ``swap_ab`` (Triton 3.6 fails to compile the unswapped tile:
+            "Illegal shared layout" in its dot-operand pass).
     """
 
     block_n: int
@@ -41,6 +47,16 @@ class GemmTiles:
     swap_ab: bool = False
     nibble_halves: bool = False
     group_m: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    int4_words: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.int4_words and self.nibble_halves:
+            raise ValueError(
+                "GemmTiles: int4_words and nibble_halves are two dequantization "
+                "schemes; set at most one"
+            )
+        if self.int4_words and not self.swap_ab:
+            raise ValueError("GemmTiles: int4_words needs swap_ab=True")
 
 
 @attrs.frozen(kw_only=True)
@@ -88,8 +104,9 @@ GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
 """Decode GEMV for at most ``GEMV_FEW_PAIRS`` routed pairs (M = 1 on every model shape:
 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, 0.142 vs 0.186 ms on Mixtral)."""
 GEMV_MANY: Final = GemvTiles(block_n=32, block_k=256)
-"""Decode GEMV for more pairs (M = 4 on Qwen3-235B / DeepSeek-V3: 0.208 / 0.456 ms vs
-0.213 / 0.467 for 16 x 512)."""
+"""Decode GEMV for more than ``GEMV_FEW_PAIRS`` pairs, reached only where the ``gemv``
+path is asked for explicitly (``auto`` stops at ``GEMV_MAX_PAIRS``). M = 4 on
+Qwen3-235B / DeepSeek-V3: 0.208 / 0.456 ms vs 0.213 / 0.467 for 16 x 512."""
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 8
 """``use_gemv`` takes the GEMV up to this many routed pairs (and at most one per two
@@ -149,6 +166,15 @@ SIXTEEN_BIT_MIN_PAIRS: Final = 512
 more than 8 per expert): the classes the emulation sweep measured (M >= 256)."""
 
 
+PREFILL_GROUP_M: Final = 8
+"""Launch order of the prefill tiles (``GemmTiles.group_m``): 8 row blocks across all
+column tiles, then the next 8, so a wave's input rows stay in L2. From ``sweep_tiles.py
+group`` (H200, bench/sweeps/sweep_group_h200.log), M = 4096 against the old order (0):
+bf16 weights Mixtral 5.57 vs 6.23 ms (``torch._grouped_mm`` 5.96), Qwen3-235B 3.02 vs
+3.32, DeepSeek-V3 8.45 vs 9.47; int4 in registers DeepSeek-V3 13.0 vs 13.6 (M = 1024
+5.36 vs 5.55); Qwen3-30B within noise. 32 was sometimes much slower."""
+
+
 def sixteen_bit_prefill_tiles(per_expert: int) -> MoETiles:
     """GEMM tiles for 16-bit weights (triton-emulation, the dequant path) at prefill.
 
@@ -157,14 +183,21 @@ def sixteen_bit_prefill_tiles(per_expert: int) -> MoETiles:
     M = 1024 1.74 vs 1.93 ms for 64-row blocks, Qwen3-235B M = 1024 1.53 vs 1.87,
     DeepSeek-V3 M = 4096 10.3 vs 11.4); 64 x 256 at 32-63 (DeepSeek-V3 M = 1024 6.05 vs
     7.07); 32-row blocks, 4 warps, 4 stages below (Qwen3-30B M = 256 0.34 vs 0.48).
+    All in ``PREFILL_GROUP_M`` launch order.
     """
     if per_expert >= 64:
-        tiles = GemmTiles(block_n=128, block_k=64, num_warps=8, num_stages=3)
+        tiles = GemmTiles(
+            block_n=128, block_k=64, num_warps=8, num_stages=3, group_m=PREFILL_GROUP_M
+        )
         return MoETiles(block_m=128, w13=tiles, w2=tiles)
     if per_expert >= 32:
-        tiles = GemmTiles(block_n=256, block_k=64, num_warps=8, num_stages=3)
+        tiles = GemmTiles(
+            block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=PREFILL_GROUP_M
+        )
         return MoETiles(block_m=64, w13=tiles, w2=tiles)
-    tiles = GemmTiles(block_n=128, block_k=64, num_warps=4, num_stages=4)
+    tiles = GemmTiles(
+        block_n=128, block_k=64, num_warps=4, num_stages=4, group_m=PREFILL_GROUP_M
+    )
     return MoETiles(block_m=32, w13=tiles, w2=tiles)
 
 
@@ -193,33 +226,48 @@ def choose_tiles(
 
 
 INT4_FEW_PER_EXPERT: Final = 16
-"""Up to this many routed pairs per expert the int4 GEMM takes 16-row blocks."""
+"""Up to this many routed pairs per expert the int4 GEMM takes the decode row."""
+INT4_LARGE_EXPERT: Final = 1 << 22
+"""``hidden * intermediate`` from which the decode row's blocks grow to 32 rows when
+experts average more than 8 pairs (``int4_tiles``)."""
 
 
 def int4_tiles(
     num_pairs: int, num_experts: int, per_expert: int, hidden: int, inter: int
 ) -> MoETiles:
-    """The in-register int4 GEMM: swapped operands and nibble halves everywhere.
+    """The in-register int4 GEMM; the dequantized tile is the dot's register operand.
 
-    From ``sweep_tiles.py operands`` (H200, bench/sweeps/sweep_operands_*.log): the
-    dequantized tile as the dot's register operand, its low and high nibbles dotted
-    as two halves against a K-permuted input, beat the unswapped interleaved tile at
-    every measured size, 10-22% at decode (DeepSeek-V3 M = 64 2.80 vs 3.58 ms) and
-    up to 1.5x at prefill (DeepSeek-V3 M = 4096 13.8 vs 20.7 ms). 16-row blocks of
-    64 x 128 up to ``INT4_FEW_PER_EXPERT`` pairs per expert (w2 split-K to about two
-    waves), 64-row blocks of 128 x 64 above.
+    From ``sweep_tiles.py operands`` (H200, bench/sweeps/sweep_operands_*.log),
+    swapped operands with nibble halves (low and high nibbles dotted as two halves
+    against a K-permuted input) beat the unswapped interleaved tile at every measured
+    size, 10-22% at decode and up to 1.5x at prefill (DeepSeek-V3 M = 4096 13.8 vs
+    20.7 ms). Up to ``INT4_FEW_PER_EXPERT`` pairs per expert (decode): 64 x 128
+    tiles read as int32 words (``GemmTiles.int4_words``), 16-row blocks (32 for
+    large experts averaging more than 8 pairs), w2 split-K to about two waves.
+    Above: 64-row blocks of 128 x 64 with nibble halves, in ``PREFILL_GROUP_M``
+    order. ``bench/probe_decode.py`` (bench/sweeps/probe_decode_h200.log, ms):
+    words against halves 0.338 vs 0.359 (Mixtral M = 4), 0.068 vs 0.075
+    (Qwen3-30B M = 4), within 1% at M = 16-256 except Mixtral M = 64 (0.676 vs
+    0.650), where 32-row blocks of words take 0.518 (Qwen3-235B M = 256: 0.878 vs
+    1.024; but Qwen3-30B M = 256: 0.417 vs 0.288, hence ``INT4_LARGE_EXPERT``); at
+    prefill words lost (DeepSeek-V3 M = 1024 6.20 vs 5.40).
     """
     if per_expert <= INT4_FEW_PER_EXPERT:
         tiles = GemmTiles(
             block_n=64, block_k=128, num_warps=4, num_stages=4, swap_ab=True,
-            nibble_halves=True,
+            int4_words=True,
         )  # fmt: skip
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
-        return MoETiles(block_m=16, w13=tiles, w2=attrs.evolve(tiles, split_k=split))
+        large = per_expert > 8 and hidden * inter >= INT4_LARGE_EXPERT
+        return MoETiles(
+            block_m=32 if large else 16,
+            w13=tiles,
+            w2=attrs.evolve(tiles, split_k=split),
+        )
     tiles = GemmTiles(
         block_n=128, block_k=64, num_warps=4, num_stages=3, swap_ab=True,
-        nibble_halves=True,
+        nibble_halves=True, group_m=PREFILL_GROUP_M,
     )  # fmt: skip
     return MoETiles(block_m=64, w13=tiles, w2=tiles)
 

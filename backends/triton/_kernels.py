@@ -226,6 +226,136 @@ def _load_weight_halves(
     return w_lo.to(CT), w_hi.to(CT)
 
 
+_WORD_ASM = """{
+.reg .b32 t1, t2, t3, c0, c1, c2, c3, s2, b2, one, nz;
+mov.b32 one, ONE;
+mov.b32 nz, 0x80008000;
+mov.b32 s2, {$9, $9};
+mov.b32 b2, {$10, $10};
+shr.u32 t1, $8, 4;
+shr.u32 t2, $8, 8;
+shr.u32 t3, $8, 12;
+lop3.b32 c0, $8, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c1, t1, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c2, t2, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c3, t3, 0x000f000f, MAGIC, 0xea;
+fma.rn.X2 c0, c0, one, b2;
+fma.rn.X2 c1, c1, one, b2;
+fma.rn.X2 c2, c2, one, b2;
+fma.rn.X2 c3, c3, one, b2;
+fma.rn.X2 c0, c0, s2, nz;
+fma.rn.X2 c1, c1, s2, nz;
+fma.rn.X2 c2, c2, s2, nz;
+fma.rn.X2 c3, c3, s2, nz;
+mov.b32 {$0, $4}, c0;
+mov.b32 {$1, $5}, c1;
+mov.b32 {$2, $6}, c2;
+mov.b32 {$3, $7}, c3;
+}"""
+"""Eight codes of an int32 word to floats, ``(code - z) * s``, in 15 instructions.
+
+``$8`` the word, ``$9`` the scale, ``$10`` the bias ``-(MAGIC_VALUE + z)``; ``$i``
+(i < 8) receives nibble ``i``. A LOP3 puts nibbles ``i`` and ``i + 4`` under the
+exponent bits ``MAGIC`` of a float pair (``128 + q`` in bf16, ``1024 + q`` in
+fp16); the first FMA removes the bias exactly, the second scales with one rounding,
+like ``(q - z) * s`` in the 16-bit dtype.
+"""
+_BF16_WORD_ASM = tl.constexpr(
+    _WORD_ASM.replace("MAGIC", "0x43004300")
+    .replace("ONE", "0x3f803f80")
+    .replace("X2", "bf16x2")
+)
+_FP16_WORD_ASM = tl.constexpr(
+    _WORD_ASM.replace("MAGIC", "0x64006400")
+    .replace("ONE", "0x3c003c00")
+    .replace("X2", "f16x2")
+)
+
+
+@triton.jit
+def _nibble(words, i: tl.constexpr, z, s, CT: tl.constexpr):
+    """``(q - z) * s`` of nibble ``i`` of each int32 word, in dtype ``CT``."""
+    q = ((words >> (4 * i)) & 0xF).to(tl.int32).to(CT)
+    return ((q - z) * s).to(CT)
+
+
+@triton.jit
+def _load_weight_words(
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    offs_n,
+    n_mask,
+    k0,
+    K_WORDS,
+    stride_bn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CT: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """An int4 ``(BLOCK_N, BLOCK_K)`` tile read as int32 words, dequantized, K in order.
+
+    Each word holds 8 codes (element ``8w + i`` in nibble ``i``), so the loads are as
+    wide as the blocked layout allows and one scale covers a word (``GROUP`` >= 8).
+    The 8 nibble planes are dequantized (``ASM``: one inline-PTX block per word, else
+    shifts and converts) and interleaved back with joins. Needs ``K % 8 == 0`` and a
+    row stride of whole words (``launch_gemm`` checks).
+    """
+    NW: tl.constexpr = BLOCK_K // 8
+    rows = offs_n.to(tl.int64)
+    offs_w = tl.multiple_of(k0 // 8, NW) + tl.arange(0, NW)  # k0 % BLOCK_K == 0
+    mask = n_mask[:, None] & (offs_w[None, :] < K_WORDS)
+    w_ptr = b_ptr.to(tl.pointer_type(tl.int32))
+    words = tl.load(
+        w_ptr + rows[:, None] * (stride_bn // 4) + offs_w[None, :], mask=mask, other=0
+    )
+    if BLOCK_K <= GROUP:  # one group per row
+        g_ptr = (rows * stride_sn + k0 // GROUP)[:, None]
+        g_mask = n_mask[:, None]
+    else:
+        g_ptr = (
+            rows[:, None] * stride_sn + ((k0 + 8 * tl.arange(0, NW)) // GROUP)[None, :]
+        )
+        g_mask = mask
+    s = tl.load(scale_ptr + g_ptr, mask=g_mask, other=0).to(tl.float32)
+    if HAS_ZP:
+        z = tl.load(zero_ptr + g_ptr, mask=g_mask, other=0).to(tl.float32)
+    else:
+        z = tl.full(s.shape, 8.0, tl.float32)
+    if ASM:
+        s_b = tl.broadcast_to(s.to(CT), (BLOCK_N, NW))
+        if CT == tl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
+            bias = tl.broadcast_to((-(z + 128.0)).to(CT), (BLOCK_N, NW))
+            p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
+                _BF16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+                dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            bias = tl.broadcast_to((-(z + 1024.0)).to(CT), (BLOCK_N, NW))
+            p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
+                _FP16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+                dtype=(tl.float16,) * 8, is_pure=True, pack=1,
+            )  # fmt: skip
+    else:
+        s = s.to(CT)
+        z = z.to(CT)
+        p0 = _nibble(words, 0, z, s, CT)
+        p1 = _nibble(words, 1, z, s, CT)
+        p2 = _nibble(words, 2, z, s, CT)
+        p3 = _nibble(words, 3, z, s, CT)
+        p4 = _nibble(words, 4, z, s, CT)
+        p5 = _nibble(words, 5, z, s, CT)
+        p6 = _nibble(words, 6, z, s, CT)
+        p7 = _nibble(words, 7, z, s, CT)
+    evens = tl.join(tl.join(p0, p4), tl.join(p2, p6))  # [.., a, b] = plane 4a + 2b
+    odds = tl.join(tl.join(p1, p5), tl.join(p3, p7))
+    return tl.reshape(tl.join(evens, odds), (BLOCK_N, BLOCK_K))
+
+
 @triton.jit
 def _dot(acc, a, w, SWAP_AB: tl.constexpr):
     """``acc + a @ w.T``, or with ``SWAP_AB`` its transpose ``acc + w @ a.T``."""
@@ -291,6 +421,7 @@ def _moe_gemm_kernel(
     # sizes
     N,
     K,
+    k_words,
     k_per_split,
     alpha,
     limit,
@@ -320,6 +451,8 @@ def _moe_gemm_kernel(
     KPERM: tl.constexpr,
     PERM_OUT: tl.constexpr,
     GROUP_M: tl.constexpr,
+    WORDS: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """One (row block, column tile, K split) of a grouped GEMM; see the module doc.
 
@@ -375,6 +508,22 @@ def _moe_gemm_kernel(
                 )  # fmt: skip
                 acc_up = _dot(acc_up, a_lo, u_lo, SWAP_AB)
                 acc_up = _dot(acc_up, a_hi, u_hi, SWAP_AB)
+        elif WORDS:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+            a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+            a = tl.load(a_ptrs, mask=a_mask, other=0).to(CT)
+            w = _load_weight_words(
+                b_e, s_e, z_e, offs_n, n_mask, k0, k_words, stride_bn, stride_sn,
+                GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT, ASM,
+            )  # fmt: skip
+            acc = _dot(acc, a, w, SWAP_AB)
+            if GATED:
+                w_up = _load_weight_words(
+                    b_e, s_e, z_e, offs_n + N, n_mask, k0, k_words, stride_bn,
+                    stride_sn, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT, ASM,
+                )  # fmt: skip
+                acc_up = _dot(acc_up, a, w_up, SWAP_AB)
         else:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)

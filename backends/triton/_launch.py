@@ -96,6 +96,7 @@ def launch_gemm(
     scale = b.scale if b.scale is not None else b.data
     zero = b.zero_point if b.zero_point is not None else scale
     lo, hi = experts
+    words = tiles.int4_words and int4_words_fit(b)
     grid = (align.max_blocks * triton.cdiv(n, tiles.block_n), 1, tiles.split_k)
     _moe_gemm_kernel[grid](
         a_MK,
@@ -109,6 +110,7 @@ def launch_gemm(
         routing.topk_weights,
         n,
         k,
+        k // 8,
         k_per_split,
         float(config.swiglu_alpha),
         float(config.swiglu_limit),
@@ -136,8 +138,28 @@ def launch_gemm(
         KPERM=tiles.nibble_halves and b.is_int4,
         PERM_OUT=perm_out,
         GROUP_M=tiles.group_m,
+        WORDS=words,
+        ASM=words and not is_interpreting(),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+    )
+
+
+def int4_words_fit(b: ExpertMatrix) -> bool:
+    """Whether ``b`` can be read as int32 words of 8 codes (``GemmTiles.int4_words``).
+
+    Rows of whole words (``K % 8 == 0``), groups of whole words, and words aligned
+    to 4 bytes; else the GEMM dequantizes the tile byte by byte.
+    """
+    data = b.data
+    return (
+        b.is_int4
+        and int(data.shape[2]) % 4 == 0
+        and b.group_size % 8 == 0
+        and data.stride(2) == 1
+        and data.stride(1) % 4 == 0
+        and data.stride(0) % 4 == 0
+        and data.data_ptr() % 4 == 0
     )
 
 

@@ -1,8 +1,8 @@
 """The int4 grouped GEMM's operand variants on a CUDA GPU (marker ``cuda``).
 
-The tile table takes swapped operands with nibble halves for int4; the other three
-combinations stay reachable through ``tiles`` and are checked here against the
-oracle, with the bf16 and fp16 bit-pattern codes, zero points and group sizes below,
+The tile table takes swapped operands with nibble halves for int4; the other
+combinations (and the int32-word dequantization with its inline PTX) stay reachable
+through ``tiles`` and are checked here against the oracle, with the bf16 and fp16 bit-pattern codes, zero points and group sizes below,
 equal to and above the half-chunk. Shape legend as in test_triton_cuda.py.
 """
 
@@ -23,11 +23,18 @@ pytestmark = pytest.mark.cuda
 
 
 def _tiles(
-    block_m: int, block_n: int, block_k: int, *, swap: bool, halves: bool, split: int
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    *,
+    swap: bool,
+    halves: bool,
+    split: int,
+    words: bool = False,
 ) -> MoETiles:
     t = GemmTiles(
         block_n=block_n, block_k=block_k, num_warps=4, num_stages=3, swap_ab=swap,
-        nibble_halves=halves,
+        nibble_halves=halves, int4_words=words,
     )  # fmt: skip
     return MoETiles(block_m=block_m, w13=t, w2=attrs.evolve(t, split_k=split))
 
@@ -41,6 +48,15 @@ VARIANTS = {
     ),
     "halves-swap-64x128x64": _tiles(64, 128, 64, swap=True, halves=True, split=1),
     "halves-swap-32x64x256": _tiles(32, 64, 256, swap=True, halves=True, split=1),
+    "words-swap-16x64x128-split2": _tiles(
+        16, 64, 128, swap=True, halves=False, split=2, words=True
+    ),
+    "words-swap-64x128x64": _tiles(
+        64, 128, 64, swap=True, halves=False, split=1, words=True
+    ),
+    "words-swap-32x64x128": _tiles(
+        32, 64, 128, swap=True, halves=False, split=1, words=True
+    ),
 }
 
 

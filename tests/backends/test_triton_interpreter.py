@@ -23,14 +23,14 @@ from backends.triton import (
 )
 from backends.triton._align import align_pairs_to_blocks
 from backends.triton._configs import (
-    DEQUANT_PAIRS_PER_EXPERT,
-    GEMV_BY_DEFAULT,
     GemmTiles,
     GemvTiles,
     MoETiles,
 )
-from backends.triton._fused import fused_moe, use_dequant, use_gemv
-from backends.triton._launch import ExpertMatrix, permute_k, permuted_width
+from backends.triton._fused import fused_moe
+from backends.triton._launch import (
+    ExpertMatrix,
+)
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -347,10 +347,12 @@ def _gemm_tiles(
     swap: bool = False,
     halves: bool = False,
     group_m: int = 0,
+    words: bool = False,
 ) -> MoETiles:
     w13 = GemmTiles(
-        block_n=32, block_k=w13_k, swap_ab=swap, nibble_halves=halves, group_m=group_m
-    )
+        block_n=32, block_k=w13_k, swap_ab=swap, nibble_halves=halves,
+        group_m=group_m, int4_words=words,
+    )  # fmt: skip
     w2 = attrs.evolve(w13, block_k=w2_k, split_k=2)
     return MoETiles(block_m=16, w13=w13, w2=w2)
 
@@ -364,6 +366,9 @@ GEMM_VARIANTS = {
     # 3 row blocks per group over 4 (w13) / 3 (w2) column tiles: a partial last group
     "group-3": _gemm_tiles(group_m=3),
     "group-1-halves-swap": _gemm_tiles(swap=True, halves=True, group_m=1),
+    # int32 words: w13 K = 96 in steps of 64 (a masked tail; 2 groups of 32 per step)
+    "words-swap": _gemm_tiles(swap=True, words=True),
+    "words-swap-w2-chunk-64": _gemm_tiles(32, 64, swap=True, words=True),
 }
 
 
@@ -372,7 +377,8 @@ GEMM_VARIANTS = {
 def test_gemm_operand_variants_match_oracle(
     tiles: MoETiles, case: PathCase, generator: torch.Generator
 ) -> None:
-    """Swapped operands and nibble halves (K-permuted inputs, D = 96 a partial chunk)."""
+    """Swapped operands, nibble halves (K-permuted inputs, D = 96 a partial chunk) and
+    int32 words (shift-and-convert dequantization; the inline PTX runs on the GPU)."""
     _run_path("gemm", case, 5, generator, tiles=tiles)
 
 
@@ -392,95 +398,6 @@ def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) ->
     out = fused_moe(hidden_TD, w13, w2, routing, config, tiles=tiles)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
-
-
-def test_permute_k_puts_even_columns_first_in_each_chunk() -> None:
-    x = torch.arange(2 * 10, dtype=torch.float32).reshape(2, 10)
-    out = permute_k(x, 4)
-    assert permuted_width(10, 4) == 12
-    assert out.shape == (2, 12)
-    row = [0, 2, 1, 3, 4, 6, 5, 7, 8, -1, 9, -1]  # -1: zero padding
-    for r in range(2):
-        want = [x[r, c].item() if c >= 0 else 0.0 for c in row]
-        assert out[r].tolist() == want
-
-
-def test_sixteen_bit_prefill_tiles_rule() -> None:
-    """16-bit weights take the emulation sweep's tiles only in the measured classes."""
-
-    def tiles(pairs: int, experts: int, *, sixteen_bit: bool = True) -> MoETiles:
-        return configs.choose_tiles(
-            num_pairs=pairs,
-            num_experts=experts,
-            hidden_size=4096,
-            intermediate_size=1536,
-            sixteen_bit=sixteen_bit,
-        )
-
-    assert tiles(8192, 128).block_m == 128  # 64 pairs per expert
-    assert tiles(8192, 128).w13.num_warps == 8
-    assert tiles(8192, 256).w13.block_n == 256  # 32 per expert
-    assert tiles(2048, 128).block_m == 32  # 16 per expert
-    assert tiles(2048, 128).w13.num_stages == 4
-    # Outside the measured classes (<= 8 per expert, few pairs): the decode rows.
-    assert tiles(2048, 256).block_m == 16  # 8 per expert
-    assert tiles(2048, 256).w13.block_n == 32
-    assert tiles(128, 8).block_m == 16
-    assert not tiles(128, 8).w13.swap_ab  # only int4 tiles swap operands
-
-
-def test_int4_tiles_rule() -> None:
-    """int4: swapped nibble-halves tiles; 16-row blocks up to 16 pairs per expert."""
-
-    def tiles(pairs: int, experts: int) -> MoETiles:
-        return configs.choose_tiles(
-            num_pairs=pairs, num_experts=experts, hidden_size=7168,
-            intermediate_size=2048,
-        )  # fmt: skip
-
-    for pairs, experts in [(8, 256), (512, 256), (2048, 128), (32768, 256)]:
-        t = tiles(pairs, experts)
-        flags = {(g.swap_ab, g.nibble_halves) for g in (t.w13, t.w2)}
-        assert flags == {(True, True)}
-    assert tiles(2048, 128).block_m == 16  # 16 per expert
-    assert tiles(2048, 128).w13.block_n == 64
-    assert tiles(2049, 128).block_m == 64  # 17 per expert
-    assert tiles(32768, 256).w13.block_k == 64
-    assert tiles(2, 8).w2.split_k > 1  # few w2 tiles: split K
-    assert tiles(32768, 256).w2.split_k == 1
-
-
-def test_gemv_w2_split_rule() -> None:
-    """Split K only while programs are few, and keep >= 2 steps per split."""
-    target = configs.GEMV_PROGRAMS_PER_SM * configs.NUM_SMS_H200
-    assert configs.gemv_split_for(target, 1 << 20, 512) == 1
-    assert configs.gemv_split_for(512, 14336, 512) == 4  # Mixtral-8x7B w2 at M = 1
-    assert configs.gemv_split_for(1024, 768, 512) == 1  # Qwen3-30B-A3B: K too short
-    assert configs.gemv_split_for(1, 4096, 512) == 4  # 4096 / 4 = 2 steps of 512
-    assert configs.gemv_split_for(1, 4096, 1024) == 2
-    with pytest.raises(ValueError, match="w2_split"):
-        GemvTiles(block_n=16, block_k=64, w2_split=0)
-
-
-def test_gemv_is_the_decode_rule() -> None:
-    w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
-    assert use_gemv(4, w13, enabled=True)  # 4 pairs over 8 experts
-    assert not use_gemv(5, w13, enabled=True)
-    many = ExpertMatrix(data=torch.zeros(256, 4, 2, dtype=torch.uint8))
-    assert use_gemv(configs.GEMV_MAX_PAIRS, many, enabled=True)
-    assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, many, enabled=True)
-    dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
-    assert not use_gemv(1, dense, enabled=True)
-    assert not use_gemv(1, w13, enabled=False)
-    assert use_gemv(1, w13) is GEMV_BY_DEFAULT
-
-
-def test_dequant_is_the_prefill_rule() -> None:
-    w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
-    assert use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, w13)
-    assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT - 1, w13)
-    dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
-    assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, dense)
 
 
 @pytest.mark.parametrize(

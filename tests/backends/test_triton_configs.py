@@ -1,0 +1,152 @@
+"""The pure rules beside the Triton kernels: tile table, path rules, input layouts.
+
+Host-side only (no kernel runs): ``backends/triton/_configs.py``, the path rules of
+``_fused.py`` and the layout helpers of ``_launch.py``.
+"""
+
+import pytest
+import torch
+
+import backends.triton._configs as configs
+from backends.triton._configs import (
+    DEQUANT_PAIRS_PER_EXPERT,
+    GEMV_BY_DEFAULT,
+    GemmTiles,
+    GemvTiles,
+    MoETiles,
+)
+from backends.triton._fused import use_dequant, use_gemv
+from backends.triton._launch import (
+    ExpertMatrix,
+    int4_words_fit,
+    permute_k,
+    permuted_width,
+)
+
+
+def test_permute_k_puts_even_columns_first_in_each_chunk() -> None:
+    x = torch.arange(2 * 10, dtype=torch.float32).reshape(2, 10)
+    out = permute_k(x, 4)
+    assert permuted_width(10, 4) == 12
+    assert out.shape == (2, 12)
+    row = [0, 2, 1, 3, 4, 6, 5, 7, 8, -1, 9, -1]  # -1: zero padding
+    for r in range(2):
+        want = [x[r, c].item() if c >= 0 else 0.0 for c in row]
+        assert out[r].tolist() == want
+
+
+def test_sixteen_bit_prefill_tiles_rule() -> None:
+    """16-bit weights take the emulation sweep's tiles only in the measured classes."""
+
+    def tiles(pairs: int, experts: int, *, sixteen_bit: bool = True) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs,
+            num_experts=experts,
+            hidden_size=4096,
+            intermediate_size=1536,
+            sixteen_bit=sixteen_bit,
+        )
+
+    assert tiles(8192, 128).block_m == 128  # 64 pairs per expert
+    assert tiles(8192, 128).w13.num_warps == 8
+    assert tiles(8192, 256).w13.block_n == 256  # 32 per expert
+    assert tiles(2048, 128).block_m == 32  # 16 per expert
+    assert tiles(2048, 128).w13.num_stages == 4
+    assert {tiles(p, 128).w2.group_m for p in (2048, 8192)} == {configs.PREFILL_GROUP_M}
+    # Outside the measured classes (<= 8 per expert, few pairs): the decode rows.
+    assert tiles(2048, 256).block_m == 16  # 8 per expert
+    assert tiles(2048, 256).w13.block_n == 32
+    assert tiles(128, 8).block_m == 16
+    assert tiles(128, 8).w13.group_m == 0  # decode rows keep the plain order
+    assert not tiles(128, 8).w13.swap_ab  # only int4 tiles swap operands
+
+
+def test_int4_tiles_rule() -> None:
+    """int4: swapped int32-word tiles up to 16 pairs per expert, nibble halves above."""
+
+    def tiles(
+        pairs: int, experts: int, hidden: int = 7168, inter: int = 2048
+    ) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=experts, hidden_size=hidden,
+            intermediate_size=inter,
+        )  # fmt: skip
+
+    def flags(t: MoETiles) -> set[tuple[bool, bool, bool]]:
+        return {(g.swap_ab, g.int4_words, g.nibble_halves) for g in (t.w13, t.w2)}
+
+    for pairs, experts in [(8, 256), (512, 256), (2048, 128)]:
+        assert flags(tiles(pairs, experts)) == {(True, True, False)}
+    for pairs, experts in [(2049, 128), (32768, 256)]:
+        assert flags(tiles(pairs, experts)) == {(True, False, True)}
+    assert tiles(1024, 128).block_m == 16  # 8 per expert
+    assert tiles(2048, 128).block_m == 32  # 16 per expert, a large expert
+    assert tiles(2048, 128, hidden=2048, inter=768).block_m == 16  # a small one
+    assert tiles(2048, 128).w13.block_n == 64
+    assert tiles(2049, 128).block_m == 64  # 17 per expert
+    assert tiles(32768, 256).w13.block_k == 64
+    assert tiles(2, 8).w2.split_k > 1  # few w2 tiles: split K
+    assert tiles(32768, 256).w2.split_k == 1
+    assert tiles(2049, 128).w13.group_m == configs.PREFILL_GROUP_M
+    assert tiles(2048, 128).w13.group_m == 0
+
+
+def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
+    with pytest.raises(ValueError, match="at most one"):
+        GemmTiles(
+            block_n=32, block_k=64, swap_ab=True, nibble_halves=True, int4_words=True
+        )
+    with pytest.raises(ValueError, match="needs swap_ab"):
+        GemmTiles(block_n=32, block_k=64, int4_words=True)
+
+
+def test_int4_words_fit_needs_whole_aligned_words() -> None:
+    scale = torch.ones(2, 4, 2)
+    fit = ExpertMatrix(
+        data=torch.zeros(2, 4, 32, dtype=torch.uint8), scale=scale, group_size=32
+    )
+    assert int4_words_fit(fit)
+    odd_k = ExpertMatrix(
+        data=torch.zeros(2, 4, 30, dtype=torch.uint8), scale=scale, group_size=30
+    )
+    assert not int4_words_fit(odd_k)  # K = 60 is not whole words
+    shifted = ExpertMatrix(
+        data=torch.zeros(2 * 4 * 32 + 1, dtype=torch.uint8)[1:].view(2, 4, 32),
+        scale=scale,
+        group_size=32,
+    )
+    assert not int4_words_fit(shifted)  # storage off a 4-byte boundary
+    assert not int4_words_fit(ExpertMatrix(data=torch.zeros(2, 4, 64)))  # 16-bit
+
+
+def test_gemv_w2_split_rule() -> None:
+    """Split K only while programs are few, and keep >= 2 steps per split."""
+    target = configs.GEMV_PROGRAMS_PER_SM * configs.NUM_SMS_H200
+    assert configs.gemv_split_for(target, 1 << 20, 512) == 1
+    assert configs.gemv_split_for(512, 14336, 512) == 4  # Mixtral-8x7B w2 at M = 1
+    assert configs.gemv_split_for(1024, 768, 512) == 1  # Qwen3-30B-A3B: K too short
+    assert configs.gemv_split_for(1, 4096, 512) == 4  # 4096 / 4 = 2 steps of 512
+    assert configs.gemv_split_for(1, 4096, 1024) == 2
+    with pytest.raises(ValueError, match="w2_split"):
+        GemvTiles(block_n=16, block_k=64, w2_split=0)
+
+
+def test_gemv_is_the_decode_rule() -> None:
+    w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
+    assert use_gemv(4, w13, enabled=True)  # 4 pairs over 8 experts
+    assert not use_gemv(5, w13, enabled=True)
+    many = ExpertMatrix(data=torch.zeros(256, 4, 2, dtype=torch.uint8))
+    assert use_gemv(configs.GEMV_MAX_PAIRS, many, enabled=True)
+    assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, many, enabled=True)
+    dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
+    assert not use_gemv(1, dense, enabled=True)
+    assert not use_gemv(1, w13, enabled=False)
+    assert use_gemv(1, w13) is GEMV_BY_DEFAULT
+
+
+def test_dequant_is_the_prefill_rule() -> None:
+    w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
+    assert use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, w13)
+    assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT - 1, w13)
+    dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
+    assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, dense)
