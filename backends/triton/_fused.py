@@ -7,9 +7,10 @@ May import core; triton only inside functions. Three paths compute the same laye
   rarely share an expert (``use_gemv``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
-  registers (the int4 table swaps the operands and dots the low and high nibbles as
-  two halves against a K-permuted input: ``permute_k`` for w13, and w13 writes its
-  output permuted for w2), 16-bit weights (triton-emulation) are read as they are.
+  registers into the dot's register operand (the int4 table reads int32 words at
+  decode; above 16 pairs per expert it dots the low and high nibbles as two halves
+  against a K-permuted input: ``permute_k`` for w13, and w13 writes its output
+  permuted for w2), 16-bit weights (triton-emulation) are read as they are.
 - ``dequant`` (int4, prefill): the ``gemm`` path on 16-bit weights, with chunks of
   experts dequantized into a bounded scratch buffer just before their GEMMs;
   taken from ``DEQUANT_PAIRS_PER_EXPERT`` pairs per expert (``use_dequant``).
