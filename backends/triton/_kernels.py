@@ -22,11 +22,7 @@ in the order ``_tile_of`` gives, x K splits)::
 import triton
 import triton.language as tl
 
-from backends.triton._kernels_tiles import (
-    _load_weight_halves,
-    _load_weight_tile,
-    _load_weight_words,
-)
+from backends.triton._kernels_tiles import _load_weight_halves, _load_weight_in_order
 
 
 @triton.jit
@@ -246,36 +242,20 @@ def _moe_gemm_kernel(
                 )  # fmt: skip
                 acc_up = _dot(acc_up, a_lo, u_lo, SWAP_AB)
                 acc_up = _dot(acc_up, a_hi, u_hi, SWAP_AB)
-        elif WORDS:
+        else:  # K in order: bytes (or 16-bit weights), or int32 words
             offs_k = k0 + tl.arange(0, BLOCK_K)
             a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
             a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
             a = tl.load(a_ptrs, mask=a_mask, other=0).to(CT)
-            w = _load_weight_words(
-                b_e, s_e, z_e, offs_n, n_mask, k0, k_words, stride_bn, stride_sn,
-                GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT, ASM,
+            w = _load_weight_in_order(
+                b_e, s_e, z_e, offs_n, n_mask, k0, K, k_words, stride_bn, stride_sn,
+                GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, WORDS, ASM,
             )  # fmt: skip
             acc = _dot(acc, a, w, SWAP_AB)
             if GATED:
-                w_up = _load_weight_words(
-                    b_e, s_e, z_e, offs_n + N, n_mask, k0, k_words, stride_bn,
-                    stride_sn, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT, ASM,
-                )  # fmt: skip
-                acc_up = _dot(acc_up, a, w_up, SWAP_AB)
-        else:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
-            a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
-            a = tl.load(a_ptrs, mask=a_mask, other=0).to(CT)
-            w = _load_weight_tile(
-                b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn,
-                GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT,
-            )  # fmt: skip
-            acc = _dot(acc, a, w, SWAP_AB)
-            if GATED:
-                w_up = _load_weight_tile(
-                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn, stride_sn,
-                    GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+                w_up = _load_weight_in_order(
+                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, k_words, stride_bn,
+                    stride_sn, GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, WORDS, ASM,
                 )  # fmt: skip
                 acc_up = _dot(acc_up, a, w_up, SWAP_AB)
     if SWAP_AB:

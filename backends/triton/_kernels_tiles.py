@@ -2,8 +2,9 @@
 
 ``_load_weight_tile`` (bytes, nibbles interleaved), ``_load_weight_halves`` (low and
 high nibbles as two halves against a K-permuted input) and ``_load_weight_words``
-(int32 words, one inline-PTX block a word) each return an expert's int4 or 16-bit
-``(BLOCK_N, BLOCK_K)`` tile in registers; ``_kernels.py`` picks one per launch.
+(int32 words, one inline-PTX block a word; ``_load_weight_in_order`` picks between
+it and the first) each return an expert's int4 or 16-bit ``(BLOCK_N, BLOCK_K)`` tile
+in registers.
 """
 
 import triton
@@ -276,3 +277,38 @@ def _load_weight_words(
     evens = tl.join(tl.join(p0, p4), tl.join(p2, p6))  # [.., a, b] = plane 4a + 2b
     odds = tl.join(tl.join(p1, p5), tl.join(p3, p7))
     return tl.reshape(tl.join(evens, odds), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _load_weight_in_order(
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    offs_n,
+    n_mask,
+    k0,
+    K,
+    K_WORDS,
+    stride_bn,
+    stride_sn,
+    GROUP: tl.constexpr,
+    INT4: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CT: tl.constexpr,
+    WORDS: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """A tile with K in order: from int32 words if ``WORDS``, else byte by byte."""
+    if WORDS:
+        w = _load_weight_words(
+            b_ptr, scale_ptr, zero_ptr, offs_n, n_mask, k0, K_WORDS, stride_bn,
+            stride_sn, GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT, ASM,
+        )  # fmt: skip
+    else:
+        w = _load_weight_tile(
+            b_ptr, scale_ptr, zero_ptr, offs_n, n_mask, k0, K, stride_bn, stride_sn,
+            GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+        )  # fmt: skip
+    return w
