@@ -4,9 +4,6 @@ routing options, sizes up to real model layers, CUDA graphs and no host sync.
 Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
 
-import math
-import warnings
-
 import pytest
 import torch
 
@@ -18,58 +15,20 @@ from backends.triton import (
 )
 from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
-from core.routing import Routing, route_topk
-from core.scheme import Int4Mapping, Int4Scheme
+from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
+from tests.backends.triton_cuda_cases import (
+    SCHEMES,
+    check_graph_replays,
+    gpu_routing,
+    int4_weights,
+    run_without_host_sync,
+)
 from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
 
 pytestmark = pytest.mark.cuda
 
 BACKENDS = ("triton-w4a16", "triton-emulation")
-SYM, ASYM = Int4Mapping.SYMMETRIC, Int4Mapping.ASYMMETRIC
-SCHEMES = [
-    Int4Scheme(mapping=m, group_size=g)
-    for m in (SYM, ASYM)
-    for g in (32, 64, 128, 256, -1)
-]
-
-
-def _int4_weights(
-    config: MoEConfig,
-    scheme: Int4Scheme,
-    dtype: torch.dtype,
-    generator: torch.Generator,
-) -> QuantizedExpertWeights:
-    """Random codes, scales and zero points on the GPU (quantizing big layers is slow)."""
-    e, d, f = config.num_experts, config.hidden_size, config.intermediate_size
-
-    def codes(*shape: int) -> torch.Tensor:
-        return torch.randint(
-            0, 256, shape, generator=generator, dtype=torch.uint8
-        ).cuda()
-
-    def scales(n: int, k: int) -> torch.Tensor:
-        groups = scheme.num_groups(k)
-        s = torch.rand(e, n, groups, generator=generator) * 0.5 + 0.75
-        return (s / (4 * math.sqrt(k))).to(dtype).cuda()
-
-    def zeros(n: int, k: int) -> torch.Tensor | None:
-        if not scheme.has_zero_point:
-            return None
-        shape = (e, n, scheme.num_groups(k))
-        return torch.randint(
-            4, 12, shape, generator=generator, dtype=torch.uint8
-        ).cuda()
-
-    return QuantizedExpertWeights(
-        w13_qdata=codes(e, 2 * f, d // 2),
-        w13_scale=scales(2 * f, d),
-        w13_zero_point=zeros(2 * f, d),
-        w2_qdata=codes(e, d, f // 2),
-        w2_scale=scales(d, f),
-        w2_zero_point=zeros(d, f),
-        scheme=scheme,
-    )
 
 
 def _backend(name: str) -> TritonW4A16Backend | TritonEmulationBackend:
@@ -86,16 +45,6 @@ def _prepare(
         return backend, backend.prepare(weights, config, dtype=dtype)
 
 
-def _routing(config: MoEConfig, tokens: int, *, drop: bool = False) -> Routing:
-    logits = torch.randn(tokens, config.num_experts, device="cuda")
-    routing = route_topk(logits, config)
-    if drop and tokens:
-        ids = routing.topk_ids.clone()
-        ids[ids % 3 == 0] = -1
-        routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
-    return routing
-
-
 def _check(
     name: str,
     config: MoEConfig,
@@ -106,10 +55,10 @@ def _check(
     drop: bool = False,
 ) -> None:
     generator = torch.Generator().manual_seed(tokens * 7919 + config.num_experts)
-    weights = _int4_weights(config, scheme, dtype, generator)
+    weights = int4_weights(config, scheme, dtype, generator)
     backend, prepared = _prepare(name, weights, config, dtype)
     hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
-    routing = _routing(config, tokens, drop=drop)
+    routing = gpu_routing(config, tokens, drop=drop)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     out = backend.apply(hidden_TD, prepared, routing)
     assert out.shape == (tokens, config.hidden_size)
@@ -191,45 +140,24 @@ def test_sizes(name: str, size: tuple[int, int, int, int, int]) -> None:
 def test_cuda_graph_capture_and_replay(name: str) -> None:
     config, dtype = _config(e=32, k=4), torch.bfloat16
     generator = torch.Generator().manual_seed(5)
-    weights = _int4_weights(config, SCHEMES[6], dtype, generator)
+    weights = int4_weights(config, SCHEMES[6], dtype, generator)
     backend, prepared = _prepare(name, weights, config, dtype)
     hidden_TD = torch.randn(48, config.hidden_size, device="cuda").to(dtype)
-    routing = _routing(config, 48)
-    backend.apply(hidden_TD, prepared, routing)  # compile first
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_TD = backend.apply(hidden_TD, prepared, routing)
-    for _ in range(3):
-        fresh = _routing(config, 48)
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        routing.topk_ids.copy_(fresh.topk_ids)
-        routing.topk_weights.copy_(fresh.topk_weights)
-        graph.replay()
-        expected = moe_forward_reference(hidden_TD, weights, routing, config)
-        assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[dtype]
+    routing = gpu_routing(config, 48)
+    check_graph_replays(
+        lambda: backend.apply(hidden_TD, prepared, routing),
+        hidden_TD, routing, weights, config,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 1024, 2048])  # 2048: the dequant path
 @pytest.mark.parametrize("name", BACKENDS)
 def test_forward_makes_no_host_sync(name: str, tokens: int) -> None:
     config, dtype = _config(e=64, k=8), torch.bfloat16
-    weights = _int4_weights(config, SCHEMES[0], dtype, torch.Generator().manual_seed(1))
+    weights = int4_weights(config, SCHEMES[0], dtype, torch.Generator().manual_seed(1))
     backend, prepared = _prepare(name, weights, config, dtype)
     hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
-    routing = _routing(config, tokens)
-    backend.apply(hidden_TD, prepared, routing)  # compile first
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    try:
-        with warnings.catch_warnings():
-            # torch warns that the sync debug mode is a prototype (filterwarnings=error)
-            warnings.simplefilter("ignore", UserWarning)
-            torch.cuda.set_sync_debug_mode("error")  # any synchronizing call raises
-        out = backend.apply(hidden_TD, prepared, routing)
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            torch.cuda.set_sync_debug_mode(previous)
+    routing = gpu_routing(config, tokens)
+    out = run_without_host_sync(lambda: backend.apply(hidden_TD, prepared, routing))
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]

@@ -4,19 +4,22 @@ experts dequantized to 16 bits, then the 16-bit grouped GEMM.
 Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
 
-import warnings
-
 import pytest
 import torch
 
 import backends.triton._configs as configs
 from backends.triton import TritonW4A16Backend
-from backends.triton._fused import fused_moe, use_dequant
+from backends.triton._fused import Path, fused_moe, use_dequant
 from core.config import Activation, MoEConfig
-from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
-from tests.backends.test_triton_cuda import SCHEMES, _int4_weights, _routing
-from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
+from tests.backends.triton_cuda_cases import (
+    SCHEMES,
+    check_fused,
+    check_graph_replays,
+    gpu_routing,
+    int4_weights,
+    run_without_host_sync,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -35,21 +38,9 @@ def _check(
     dtype: torch.dtype,
     tokens: int,
     *,
-    path: str = "dequant",
+    path: Path = "dequant",
 ) -> None:
-    weights = _int4_weights(
-        config, scheme, dtype, torch.Generator().manual_seed(tokens + 17)
-    )
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
-    routing = _routing(config, tokens, drop=True)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config,
-        path=path,  # type: ignore[arg-type]
-    )  # fmt: skip
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert out.dtype == dtype
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    check_fused(config, scheme, dtype, tokens, seed=tokens + 17, path=path, drop=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -89,7 +80,7 @@ def test_dequant_is_auto_at_prefill() -> None:
     config = MoEConfig(
         num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768
     )
-    weights = _int4_weights(
+    weights = int4_weights(
         config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(2)
     )
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
@@ -100,38 +91,17 @@ def test_dequant_is_auto_at_prefill() -> None:
 def test_dequant_cuda_graph_and_no_host_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=1024, intermediate_size=512)
     _three_experts_per_chunk(monkeypatch, config)
-    weights = _int4_weights(
+    weights = int4_weights(
         config, SCHEMES[6], torch.bfloat16, torch.Generator().manual_seed(3)
     )
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
     hidden_TD = torch.randn(64, 1024, device="cuda").to(torch.bfloat16)
-    routing = _routing(config, 64)
+    routing = gpu_routing(config, 64)
 
     def forward() -> torch.Tensor:
         return fused_moe(
             hidden_TD, prepared.w13, prepared.w2, routing, config, path="dequant"
         )
 
-    forward()  # compile first
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # prototype-feature warning
-            torch.cuda.set_sync_debug_mode("error")  # any synchronizing call raises
-        forward()
-    finally:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            torch.cuda.set_sync_debug_mode(previous)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_TD = forward()
-    for _ in range(3):
-        fresh = _routing(config, 64)
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        routing.topk_ids.copy_(fresh.topk_ids)
-        routing.topk_weights.copy_(fresh.topk_weights)
-        graph.replay()
-        expected = moe_forward_reference(hidden_TD, weights, routing, config)
-        assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[torch.bfloat16]
+    run_without_host_sync(forward)
+    check_graph_replays(forward, hidden_TD, routing, weights, config)

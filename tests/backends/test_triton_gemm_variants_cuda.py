@@ -10,14 +10,10 @@ import attrs
 import pytest
 import torch
 
-from backends.triton import TritonW4A16Backend
 from backends.triton._configs import GemmTiles, MoETiles
-from backends.triton._fused import fused_moe
 from core.config import MoEConfig
-from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
-from tests.backends.test_triton_cuda import SCHEMES, _int4_weights, _routing
-from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
+from tests.backends.triton_cuda_cases import SCHEMES, check_fused
 
 pytestmark = pytest.mark.cuda
 
@@ -72,13 +68,6 @@ def test_gemm_operand_variants(
     """F = 704 ends the w2 reduction in a partial chunk of every block_k above;
     groups of 32 and 64 fall below, at and above the half-chunk."""
     config = MoEConfig(num_experts=16, top_k=4, hidden_size=1536, intermediate_size=704)
-    weights = _int4_weights(config, scheme, dtype, torch.Generator().manual_seed(3))
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(tokens, 1536, device="cuda").to(dtype)
-    routing = _routing(config, tokens, drop=True)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm",
-        tiles=tiles,
-    )  # fmt: skip
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    check_fused(
+        config, scheme, dtype, tokens, seed=3, path="gemm", drop=True, tiles=tiles
+    )

@@ -11,10 +11,14 @@ from backends.triton import TritonW4A16Backend
 from backends.triton._configs import GemvTiles
 from backends.triton._fused import fused_moe, use_gemv
 from core.config import Activation, MoEConfig
-from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
-from tests.backends.test_triton_cuda import SCHEMES, _int4_weights, _routing
-from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
+from tests.backends.triton_cuda_cases import (
+    SCHEMES,
+    check_fused,
+    check_graph_replays,
+    gpu_routing,
+    int4_weights,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -27,15 +31,7 @@ def _check(
     *,
     drop: bool = False,
 ) -> None:
-    weights = _int4_weights(
-        config, scheme, dtype, torch.Generator().manual_seed(tokens + 11)
-    )
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
-    routing = _routing(config, tokens, drop=drop)
-    out = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    check_fused(config, scheme, dtype, tokens, seed=tokens + 11, path="gemv", drop=drop)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -78,7 +74,7 @@ def test_gemv_model_shapes(size: tuple[int, int, int, int, int]) -> None:
         t * k,
         TritonW4A16Backend()
         .prepare(
-            _int4_weights(
+            int4_weights(
                 config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
             ),
             config,
@@ -92,27 +88,18 @@ def test_gemv_model_shapes(size: tuple[int, int, int, int, int]) -> None:
 
 def test_gemv_cuda_graph() -> None:
     config = MoEConfig(num_experts=64, top_k=8, hidden_size=1024, intermediate_size=512)
-    weights = _int4_weights(
+    weights = int4_weights(
         config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(3)
     )
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
     hidden_TD = torch.randn(2, 1024, device="cuda").to(torch.bfloat16)
-    routing = _routing(config, 2)
-    fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_TD = fused_moe(
+    routing = gpu_routing(config, 2)
+    check_graph_replays(
+        lambda: fused_moe(
             hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv"
-        )
-    for _ in range(3):
-        fresh = _routing(config, 2)
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        routing.topk_ids.copy_(fresh.topk_ids)
-        routing.topk_weights.copy_(fresh.topk_weights)
-        graph.replay()
-        expected = moe_forward_reference(hidden_TD, weights, routing, config)
-        assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[torch.bfloat16]
+        ),
+        hidden_TD, routing, weights, config,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -142,16 +129,9 @@ def test_gemv_cuda_graph() -> None:
 def test_gemv_loop_variants(tiles: GemvTiles, scheme: Int4Scheme) -> None:
     config = MoEConfig(num_experts=32, top_k=4, hidden_size=1536, intermediate_size=768)
     dtype = torch.float16 if scheme.has_zero_point else torch.bfloat16
-    weights = _int4_weights(config, scheme, dtype, torch.Generator().manual_seed(9))
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(3, 1536, device="cuda").to(dtype)
-    routing = _routing(config, 3, drop=True)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-        gemv_tiles=tiles,
-    )  # fmt: skip
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    check_fused(
+        config, scheme, dtype, 3, seed=9, path="gemv", drop=True, gemv_tiles=tiles
+    )
 
 
 def test_gemv_rule_splits_w2_when_programs_are_few() -> None:
@@ -159,21 +139,15 @@ def test_gemv_rule_splits_w2_when_programs_are_few() -> None:
     split forward matches the oracle and replays under a CUDA graph."""
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=1024, intermediate_size=4096)
     assert configs.gemv_split_for(2 * 1024 // 16, 4096, 512) == 4
-    weights = _int4_weights(
+    weights = int4_weights(
         config, SCHEMES[0], torch.bfloat16, torch.Generator().manual_seed(5)
     )
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
     hidden_TD = torch.randn(1, 1024, device="cuda").to(torch.bfloat16)
-    routing = _routing(config, 1)
-    fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_TD = fused_moe(
+    routing = gpu_routing(config, 1)
+    check_graph_replays(
+        lambda: fused_moe(
             hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv"
-        )
-    for _ in range(2):
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        graph.replay()
-        expected = moe_forward_reference(hidden_TD, weights, routing, config)
-        assert rel_l2(expected, out_TD) < REL_L2_VS_ORACLE[torch.bfloat16]
+        ),
+        hidden_TD, routing, weights, config, reroute=False, replays=2,
+    )  # fmt: skip
