@@ -1,11 +1,15 @@
 """Where decode time goes, and the int4 GEMM's dequantization schemes side by side.
 
-Run on the GPU from the repository root: ``python bench/probe_decode.py [model ...]``.
-Part 1, M <= 64: per kernel of triton-w4a16, median device time (torch.profiler, L2
-flushed before each forward); the sum of the kernels against the graph replay of the
-whole forward (the difference is the gaps between dependent launches). Part 2: the
-GEMM path with the table's tiles (nibble halves) against the same tiles reading int32
-words (``GemmTiles.int4_words``), graph replay at M <= 64, eager above.
+Run on the GPU from the repository root:
+``python bench/probe_decode.py [all|compare|tiles|breakdown] [model ...]``.
+``compare``: the GEMM with the table's tiles reading nibble halves against int32 words
+(``GemmTiles.int4_words``), at the table's row block and at 32 rows; ``tiles``: the
+table against other words tiles and, at M <= 4, the GEMV; graph replay at M <= 64,
+eager above. ``breakdown``, M <= 64: per kernel of triton-w4a16, median device time
+(torch.profiler, L2 flushed before each forward), their sum against the graph replay of
+the whole forward (the difference is the gaps between dependent launches). ``all``:
+compare, then breakdown (the run logged in bench/sweeps/probe_decode_h200.log, made
+when the table still read nibble halves at decode).
 """
 
 # ruff: noqa: B023, D103, T201
@@ -53,15 +57,48 @@ def kernel_times(fn: object) -> dict[str, float]:
         torch.cuda.synchronize()
     per: dict[str, list[float]] = defaultdict(list)
     for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "fill" not in ev.name:
+        is_flush = "fill" in ev.name.lower()
+        if ev.device_type == torch.autograd.DeviceType.CUDA and not is_flush:
             per[ev.name[:40]].append(ev.device_time)
     return {k: statistics.median(v) * len(v) / REPS for k, v in per.items()}
 
 
-def words_of(t: MoETiles, block_m: int | None = None) -> MoETiles:
-    w13 = attrs.evolve(t.w13, nibble_halves=False, int4_words=True)
-    w2 = attrs.evolve(t.w2, nibble_halves=False, int4_words=True)
+def scheme_of(t: MoETiles, *, words: bool, block_m: int | None = None) -> MoETiles:
+    """``t`` with int32 words or nibble halves in both GEMMs (and another row block)."""
+    w13 = attrs.evolve(t.w13, nibble_halves=not words, int4_words=words)
+    w2 = attrs.evolve(t.w2, nibble_halves=not words, int4_words=words)
     return MoETiles(block_m=block_m or t.block_m, w13=w13, w2=w2)
+
+
+def tile_variants(table: MoETiles, m: int) -> dict[str, MoETiles | None]:
+    """The variants timed beside each other at one M.
+
+    ``compare`` (and ``all``): both schemes at the table's row block and at 32 rows.
+    ``tiles``: the table against other words tiles (``None``: the GEMV, at M <= 4).
+    """
+    if MODE != "tiles":
+        out: dict[str, MoETiles | None] = {}
+        for bm in sorted({table.block_m, 32}):
+            out[f"halves bm{bm}"] = scheme_of(table, words=False, block_m=bm)
+            out[f"words bm{bm}"] = scheme_of(table, words=True, block_m=bm)
+        return out
+    out = {"table": table}
+    if m <= 4:
+        out["gemv"] = None
+    for bn, bk, warps, stages in WORDS_TILES:
+        w13 = attrs.evolve(
+            table.w13, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages
+        )
+        w2 = attrs.evolve(w13, split_k=table.w2.split_k)
+        out[f"words {bn}x{bk} w{warps} s{stages}"] = MoETiles(
+            block_m=table.block_m, w13=w13, w2=w2
+        )
+    return out
+
+
+WORDS_TILES = [(32, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (64, 128, 8, 4),
+               (64, 128, 4, 6), (128, 64, 4, 4)]  # fmt: skip
+"""(block_n, block_k, warps, stages) of the words GEMM beside the table (64x128 w4 s4)."""
 
 
 def compare(name: str, ms: tuple[int, ...]) -> None:
@@ -76,15 +113,12 @@ def compare(name: str, ms: tuple[int, ...]) -> None:
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
         ref = moe_forward_reference(x, q, r, cfg)
-        table = pick_tiles(m * k, w13, w2)
-        variants = {"halves": table, "words": words_of(table)}
-        if table.block_m == 16:
-            variants["halves bm32"] = attrs.evolve(table, block_m=32)
-            variants["words bm32"] = words_of(table, 32)
         line = []
-        for label, t in variants.items():
+        for label, t in tile_variants(pick_tiles(m * k, w13, w2), m).items():
 
             def fwd() -> torch.Tensor:
+                if t is None:
+                    return fused_moe(x, w13, w2, r, cfg, path="gemv")
                 return fused_moe(x, w13, w2, r, cfg, tiles=t, path="gemm")
 
             err = rel_err(ref, fwd())
@@ -93,35 +127,48 @@ def compare(name: str, ms: tuple[int, ...]) -> None:
         print(f"{name} M={m}: " + "; ".join(line), flush=True)
 
 
+def breakdown(name: str) -> None:
+    e, k, d, f = MODELS[name]
+    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    q = random_int4(e, d, f)
+    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    for m in (1, 4, 16, 64):
+        x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+        r = route(m, e, k)
+        active = int(torch.unique(r.topk_ids).numel())
+        mb13 = active * 2 * f * d * (0.5 + 2 / GROUP) / 1e6
+        mb2 = active * f * d * (0.5 + 2 / GROUP) / 1e6
+
+        def fwd() -> torch.Tensor:
+            return fused_moe(x, w13, w2, r, cfg)
+
+        fwd()
+        times = kernel_times(fwd)
+        graph = time_graph(fwd)
+        total = sum(times.values())
+        print(f"{name} M={m} active={active} w13 {mb13:.1f} MB w2 {mb2:.1f} MB")
+        for kname, us in sorted(times.items(), key=lambda kv: -kv[1]):
+            print(f"    {us:8.1f} us  {kname}")
+        g = graph * 1e3 if graph is not None else float("nan")
+        print(f"    sum {total:.1f} us, graph replay {g:.1f} us", flush=True)
+
+
+MODES = ("all", "compare", "tiles", "breakdown")
+MODE = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in MODES else "all"
+
+
 def main() -> None:
-    models = sys.argv[1:] or list(MODELS)
-    for name in models:
-        compare(name, (4, 16, 64, 256, 1024, 4096))
-    for name in models:
-        e, k, d, f = MODELS[name]
-        cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-        q = random_int4(e, d, f)
-        w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-        w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
-        for m in (1, 4, 16, 64):
-            x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
-            r = route(m, e, k)
-            active = int(torch.unique(r.topk_ids).numel())
-            mb13 = active * 2 * f * d * (0.5 + 2 / GROUP) / 1e6
-            mb2 = active * f * d * (0.5 + 2 / GROUP) / 1e6
-
-            def fwd() -> torch.Tensor:
-                return fused_moe(x, w13, w2, r, cfg)
-
-            fwd()
-            times = kernel_times(fwd)
-            graph = time_graph(fwd)
-            total = sum(times.values())
-            print(f"{name} M={m} active={active} w13 {mb13:.1f} MB w2 {mb2:.1f} MB")
-            for kname, us in sorted(times.items(), key=lambda kv: -kv[1]):
-                print(f"    {us:8.1f} us  {kname}")
-            g = graph * 1e3 if graph is not None else float("nan")
-            print(f"    sum {total:.1f} us, graph replay {g:.1f} us", flush=True)
+    models = [a for a in sys.argv[1:] if a not in MODES] or list(MODELS)
+    if MODE in ("all", "compare"):
+        for name in models:
+            compare(name, (4, 16, 64, 256, 1024, 4096))
+    if MODE == "tiles":
+        for name in models:
+            compare(name, (1, 4, 16, 64, 256))
+    if MODE in ("all", "breakdown"):
+        for name in models:
+            breakdown(name)
 
 
 if __name__ == "__main__":
