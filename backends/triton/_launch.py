@@ -83,7 +83,9 @@ def launch_gemm(
     blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
     weights ``a_MK`` is K-permuted in chunks of ``tiles.block_k`` (``permute_k``);
     ``perm_out`` > 0 writes ``out`` K-permuted in chunks of ``perm_out`` for the next
-    GEMM (``out`` then has ``permuted_width(n, perm_out)`` columns).
+    GEMM (``out`` then has ``permuted_width(n, perm_out)`` columns). With
+    ``tiles.int4_words`` int4 weights are read as int32 words where
+    ``int4_words_fit``, else byte by byte.
     """
     import triton
 
