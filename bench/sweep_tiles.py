@@ -137,7 +137,9 @@ def operand_variants(
 ) -> dict[str, dict[str, object]]:
     """The int4 table beside the previous table's plain tiles, rows, and the GEMV.
 
-    The table has swapped operands and nibble halves; the GEMV is timed at decode.
+    The table has swapped operands (int32 words at decode, nibble halves above; it
+    had nibble halves everywhere when the logged rounds ran); the GEMV is timed at
+    decode.
     The first round of this sweep (bench/sweeps/sweep_operands_round1_*.log) timed
     each tile with and without swapped operands; swapped won almost everywhere.
     """
