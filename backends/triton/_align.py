@@ -9,6 +9,8 @@ CUDA graph and replayed.
 import attrs
 import torch
 
+from backends.triton._configs import next_pow2
+
 
 @attrs.frozen(kw_only=True, eq=False)
 class BlockAlignment:
@@ -55,8 +57,6 @@ def align_pairs_to_blocks(
         num_experts: ``E``.
         block_m: rows per block (a power of two).
     """
-    import triton
-
     from backends.triton._kernels import _align_blocks_kernel, _count_experts_kernel
 
     ids_N = topk_ids_TK.reshape(-1).contiguous()
@@ -67,7 +67,7 @@ def align_pairs_to_blocks(
     sorted_R = torch.empty(blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=device)
     block_rows = torch.empty(blocks, dtype=torch.int32, device=device)
-    chunk = min(1024, max(16, triton.next_power_of_2(num_pairs)))
+    chunk = min(1024, max(16, next_pow2(num_pairs)))
     _count_experts_kernel[(num_experts,)](ids_N, counts_E, num_pairs, BLOCK=chunk)
     _align_blocks_kernel[(num_experts,)](
         ids_N,
@@ -80,7 +80,7 @@ def align_pairs_to_blocks(
         blocks,
         BLOCK_M=block_m,
         BLOCK=chunk,
-        E_PAD=max(16, triton.next_power_of_2(num_experts)),
+        E_PAD=max(16, next_pow2(num_experts)),
     )
     return BlockAlignment(
         sorted_pairs=sorted_R,

@@ -5,6 +5,7 @@ Imports only stdlib and attrs. Measured on one NVIDIA H200 (torch 2.11, triton 3
 bench/sweeps/ the raw logs. ``INTERPRETER`` keeps CPU tests small and fast.
 """
 
+import functools
 from typing import Final
 
 import attrs
@@ -131,8 +132,14 @@ DEQUANT_SCRATCH_BYTES: Final = 1 << 30
 """Bound of that path's 16-bit scratch buffer; it always holds at least one expert."""
 
 
-def _next_pow2(x: int) -> int:
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= ``x`` (1 for ``x <= 1``), in host integers."""
     return 1 << max(0, (x - 1).bit_length())
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host integers (``triton.cdiv`` costs microseconds a call)."""
+    return -(-a // b)
 
 
 def split_for(tiles_out: int, k: int, block_k: int) -> int:
@@ -201,6 +208,7 @@ def sixteen_bit_prefill_tiles(per_expert: int) -> MoETiles:
     return MoETiles(block_m=32, w13=tiles, w2=tiles)
 
 
+@functools.lru_cache(maxsize=1024)
 def choose_tiles(
     *,
     num_pairs: int,
@@ -209,7 +217,7 @@ def choose_tiles(
     intermediate_size: int,
     sixteen_bit: bool = False,
 ) -> MoETiles:
-    """Tiles for one forward; pure over the (host-known) sizes.
+    """Tiles for one forward; pure over the (host-known) sizes, so cached per sizes.
 
     ``sixteen_bit``: the GEMMs read 16-bit weights (triton-emulation, or the dequant
     path's scratch) and take ``sixteen_bit_tiles``; int4 weights take
@@ -288,7 +296,7 @@ def sixteen_bit_tiles(
         return sixteen_bit_prefill_tiles(per_expert)
     busy = min(num_experts, num_pairs)
     if per_expert <= 64:
-        block_m = min(64, max(16, _next_pow2(per_expert)))
+        block_m = min(64, max(16, next_pow2(per_expert)))
         w2_out = busy * -(-hidden // 64)
         if block_m == 16:
             tiles = GemmTiles(block_n=32, block_k=256, num_warps=4, num_stages=3)

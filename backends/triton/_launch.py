@@ -5,13 +5,14 @@ layer. Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` exper
 ``K`` top_k, ``N`` = T*K routed pairs, ``S`` K-splits of the w2 GEMM.
 """
 
+import functools
 import os
 
 import attrs
 import torch
 
 from backends.triton._align import BlockAlignment
-from backends.triton._configs import GemmTiles, GemvTiles
+from backends.triton._configs import GemmTiles, GemvTiles, ceil_div, next_pow2
 from core.config import MoEConfig
 from core.routing import Routing
 
@@ -41,8 +42,12 @@ class ExpertMatrix:
         return self.data.dtype == torch.uint8
 
 
+@functools.cache
 def is_interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
+
+    Read once: Triton itself picks the interpreter when the kernels are decorated.
+    """
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -87,19 +92,15 @@ def launch_gemm(
     ``tiles.int4_words`` int4 weights are read as int32 words where
     ``int4_words_fit``, else byte by byte.
     """
-    import triton
-
     from backends.triton._kernels import _moe_gemm_kernel
 
     k = int(b.data.shape[2]) * (2 if b.is_int4 else 1)  # a_MK may be wider (padded)
-    k_per_split = (
-        triton.cdiv(triton.cdiv(k, tiles.split_k), tiles.block_k) * tiles.block_k
-    )
+    k_per_split = ceil_div(ceil_div(k, tiles.split_k), tiles.block_k) * tiles.block_k
     scale = b.scale if b.scale is not None else b.data
     zero = b.zero_point if b.zero_point is not None else scale
     lo, hi = experts
     words = tiles.int4_words and int4_words_fit(b)
-    grid = (align.max_blocks * triton.cdiv(n, tiles.block_n), 1, tiles.split_k)
+    grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
     _moe_gemm_kernel[grid](
         a_MK,
         b.data,
@@ -201,14 +202,12 @@ def launch_gemv(
 
     With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
     """
-    import triton
-
     from backends.triton._kernels_gemv import _moe_gemv_kernel
 
     assert b.scale is not None
     assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
     k = int(a_MK.shape[1])
-    k_per_split = triton.cdiv(triton.cdiv(k, split), tiles.block_k) * tiles.block_k
+    k_per_split = ceil_div(ceil_div(k, split), tiles.block_k) * tiles.block_k
     group = b.group_size
     ng = (
         tiles.block_k // group
@@ -216,7 +215,7 @@ def launch_gemv(
         else 1
     )
     zero = b.zero_point if b.zero_point is not None else b.scale
-    grid = (routing.topk_ids.numel(), triton.cdiv(n, tiles.block_n), split)
+    grid = (routing.topk_ids.numel(), ceil_div(n, tiles.block_n), split)
     _moe_gemv_kernel[grid](
         a_MK,
         b.data,
@@ -256,15 +255,13 @@ def reduce_topk(
     part_SND: torch.Tensor, routing: Routing, *, weighted: bool, dtype: torch.dtype
 ) -> torch.Tensor:
     """``(T, D)``: sum of the K-split partials and the top-k pairs of each token."""
-    import triton
-
     from backends.triton._kernels import _reduce_topk_kernel
 
     t, top_k = routing.topk_ids.shape
     d = int(part_SND.shape[2])
     out_TD = torch.empty(t, d, dtype=buffer_dtype(dtype), device=part_SND.device)
-    block_d = min(1024, triton.next_power_of_2(d))
-    _reduce_topk_kernel[(t, triton.cdiv(d, block_d))](
+    block_d = min(1024, next_pow2(d))
+    _reduce_topk_kernel[(t, ceil_div(d, block_d))](
         part_SND,
         routing.topk_ids,
         routing.topk_weights,
@@ -283,8 +280,6 @@ def reduce_topk(
 
 def dequantize_experts(b: ExpertMatrix, lo: int, hi: int, out: torch.Tensor) -> None:
     """Write experts ``lo .. hi-1`` of int4 ``b`` into ``out`` ``(hi-lo, rows, cols)``."""
-    import triton
-
     from backends.triton._kernels_dequant import _dequant_kernel
 
     assert b.scale is not None
@@ -292,7 +287,7 @@ def dequantize_experts(b: ExpertMatrix, lo: int, hi: int, out: torch.Tensor) -> 
     group = b.group_size
     block_k = 128 if group == cols else min(128, group)
     zero = b.zero_point if b.zero_point is not None else b.scale
-    grid = (triton.cdiv((hi - lo) * rows, 64), triton.cdiv(cols, block_k))
+    grid = (ceil_div((hi - lo) * rows, 64), ceil_div(cols, block_k))
     _dequant_kernel[grid](  # rows of experts lo..hi-1 flattened (contiguous views)
         b.data[lo:hi].contiguous(),
         b.scale[lo:hi].contiguous(),

@@ -150,3 +150,12 @@ def test_dequant_is_the_prefill_rule() -> None:
     assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT - 1, w13)
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert not use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, dense)
+
+
+def test_host_integer_helpers_match_triton() -> None:
+    import triton
+
+    for a in range(1, 300):
+        assert configs.next_pow2(a) == triton.next_power_of_2(a)
+        for b in (1, 3, 16, 64, 128):
+            assert configs.ceil_div(a, b) == triton.cdiv(a, b)
