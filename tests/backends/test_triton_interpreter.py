@@ -28,9 +28,7 @@ from backends.triton._configs import (
     MoETiles,
 )
 from backends.triton._fused import fused_moe
-from backends.triton._launch import (
-    ExpertMatrix,
-)
+from backends.triton._launch import ExpertMatrix
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
