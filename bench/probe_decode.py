@@ -18,6 +18,7 @@ when the table still read nibble halves at decode).
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -47,9 +48,8 @@ from core.reference import moe_forward_reference
 REPS = 20
 
 
-def kernel_times(fn: object) -> dict[str, float]:
+def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
     """Median microseconds per kernel name over REPS forwards (flush kernels dropped)."""
-    assert callable(fn)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPS):
             FLUSH.zero_()

@@ -250,19 +250,16 @@ def _load_weight_words(
     else:
         z = tl.full(s.shape, 8.0, tl.float32)
     if ASM:
+        BF16: tl.constexpr = CT == tl.bfloat16  # noqa: SIM300 (CT is a constexpr)
         s_b = tl.broadcast_to(s.to(CT), (BLOCK_N, NW))
-        if CT == tl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
-            bias = tl.broadcast_to((-(z + 128.0)).to(CT), (BLOCK_N, NW))
-            p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
-                _BF16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-                dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
-            )  # fmt: skip
-        else:
-            bias = tl.broadcast_to((-(z + 1024.0)).to(CT), (BLOCK_N, NW))
-            p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
-                _FP16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-                dtype=(tl.float16,) * 8, is_pure=True, pack=1,
-            )  # fmt: skip
+        bias = tl.broadcast_to(
+            (-(z + (128.0 if BF16 else 1024.0))).to(CT), (BLOCK_N, NW)
+        )
+        p0, p1, p2, p3, p4, p5, p6, p7 = tl.inline_asm_elementwise(
+            _BF16_WORD_ASM if BF16 else _FP16_WORD_ASM,
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+            dtype=(CT.value,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
     else:
         s = s.to(CT)
         z = z.to(CT)
