@@ -67,7 +67,10 @@ def _request_refusal(
     if scheme.has_zero_point:
         return f"scheme must be symmetric (no zero points), got {scheme.name}"
     if config.expert_bias:
-        return "expert biases (config.expert_bias, gpt-oss) are not passed to the XPU kernels yet"
+        return (
+            "expert biases (config.expert_bias, gpt-oss) are not passed to the XPU "
+            "kernels yet (triton-w4a16 runs them)"
+        )
     if scheme.group_size not in XPU_GROUP_SIZES:
         return f"group_size must be one of {XPU_GROUP_SIZES}, got {scheme.group_size}"
     if dtype not in XPU_DTYPES:

@@ -216,12 +216,10 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
     w13, w2 = dense_bf16(q)
     d13, d2 = ExpertMatrix(data=w13), ExpertMatrix(data=w2)
     w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
-    tiny = None
-    if e <= 128:
-        tiny = (
-            [tinygemm_pack(q.w13_qdata[i], q.w13_scale[i]) for i in range(e)],
-            [tinygemm_pack(q.w2_qdata[i], q.w2_scale[i]) for i in range(e)],
-        )
+    tiny = (
+        [tinygemm_pack(q.w13_qdata[i], q.w13_scale[i]) for i in range(e)],
+        [tinygemm_pack(q.w2_qdata[i], q.w2_scale[i]) for i in range(e)],
+    )
     rows = []
     for m in MS:
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
@@ -243,9 +241,8 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
             "triton-w4a16": lambda: fused_moe(x, w13m, w2m, r, config),
             "triton-emulation": lambda: fused_moe(x, d13, d2, r, config),
             "grouped_mm-bf16": lambda: grouped_mm_anchor(x, w13t, w2t, r),
+            "tinygemm-loop": lambda: tinygemm_loop(x, tiny[0], tiny[1], r),
         }
-        if tiny is not None and m <= 1024:
-            fns["tinygemm-loop"] = lambda: tinygemm_loop(x, tiny[0], tiny[1], r)
         ref = moe_forward_reference(x, q, r, config)
         for key, fn in fns.items():
             row[f"{key}_relerr"] = rel_err(ref, fn())
@@ -302,6 +299,10 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "`path` is the path triton-w4a16 took (backends/triton/_fused.py): `gemv` (decode",
         "GEMV), `gemm` (grouped GEMM, int4 dequantized in registers) or `dequant` (chunks",
         "of experts dequantized to bf16, then the bf16 grouped GEMM).",
+        "",
+        "`tinygemm loop`: one `torch._weight_int4pack_mm` per active expert and projection,",
+        "on the same int4 codes and scales repacked for it; eager only (it reads each",
+        "expert's token count on the host, so it cannot be captured in a CUDA graph).",
         "",
         "| model | M | active | floor ms | path | w4a16 | w4a16 graph | emulation "
         "| emulation graph | grouped_mm bf16 | grouped_mm graph | tinygemm loop |",

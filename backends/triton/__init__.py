@@ -36,10 +36,6 @@ def _common_support(
     config: MoEConfig, layout: WeightLayout, device: DeviceInfo, dtype: torch.dtype
 ) -> Support:
     """Refusals shared by both Triton backends (device, dtype, layout, package)."""
-    if config.expert_bias:
-        return Support.no(
-            "expert biases (config.expert_bias, gpt-oss) are not in the Triton kernels yet"
-        )
     if importlib.util.find_spec("triton") is None:
         return Support.no("triton is not installed")
     on_cpu = device.type == "cpu" and is_interpreting()
@@ -70,14 +66,20 @@ def _matrices(weights: QuantizedExpertWeights) -> tuple[ExpertMatrix, ExpertMatr
         scale=weights.w13_scale,
         zero_point=weights.w13_zero_point,
         group_size=scheme.group_size_for(d),
+        bias=_contiguous(weights.w13_bias),
     )
     w2 = ExpertMatrix(
         data=weights.w2_qdata,
         scale=weights.w2_scale,
         zero_point=weights.w2_zero_point,
         group_size=scheme.group_size_for(f),
+        bias=_contiguous(weights.w2_bias),
     )
     return w13, w2
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
 
 
 @final
@@ -98,7 +100,7 @@ class TritonW4A16Backend:
     pairs per expert, chunks of experts are dequantized into a 16-bit scratch buffer
     of at most 1 GiB just before their GEMMs (``_configs.DEQUANT_SCRATCH_BYTES``).
     Every scheme and group size, bf16 and fp16 activations, every activation of
-    ``core``.
+    ``core``, gpt-oss expert biases.
     """
 
     @property
@@ -229,10 +231,11 @@ class TritonEmulationBackend:
                     f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
                     f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
                 )
+        weights = ready.weights
         return fused_moe(
             hidden_TD,
-            ExpertMatrix(data=ready.w13_dense),
-            ExpertMatrix(data=ready.w2_dense),
+            ExpertMatrix(data=ready.w13_dense, bias=_contiguous(weights.w13_bias)),
+            ExpertMatrix(data=ready.w2_dense, bias=_contiguous(weights.w2_bias)),
             routing,
             ready.config,
         )

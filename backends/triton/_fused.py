@@ -188,7 +188,7 @@ def _dequantized(
     rows, cols = int(b.data.shape[1]), 2 * int(b.data.shape[2])
     out = scratch[: (hi - lo) * rows * cols].view(hi - lo, rows, cols)
     dequantize_experts(b, lo, hi, out)
-    return ExpertMatrix(data=out)
+    return ExpertMatrix(data=out, bias=b.bias)  # bias rows are indexed by global expert
 
 
 def fused_moe(
@@ -206,8 +206,10 @@ def fused_moe(
 
     Args:
         hidden_TD: ``(T, D)`` bf16 or fp16 activations.
-        w13: gate and up rows ``(E, 2F, D)`` (packed or 16-bit).
-        w2: down rows ``(E, D, F)`` (packed or 16-bit).
+        w13: gate and up rows ``(E, 2F, D)`` (packed or 16-bit), optional ``(E, 2F)``
+            bias added before the activation.
+        w2: down rows ``(E, D, F)`` (packed or 16-bit), optional ``(E, D)`` bias added
+            before the router weight.
         routing: ``(T, K)`` float32 weights and ids (``-1`` contributes zero).
         config: activation and ``apply_router_weight_on_input``.
         tiles: GEMM tile override (benchmark sweeps); default from the tile table.

@@ -15,6 +15,7 @@ in the order ``_tile_of`` gives, x K splits)::
         a = A[pairs // A_DIV, k : k+BLOCK_K]
         w = dequant(qdata[e, n, k/2], scale[e, n, k/G], zero[e, n, k/G])  # registers
         acc += a @ w.T                                 # (and acc_up for the gated GEMM)
+    acc = acc * topk_w[pairs] if WEIGHT_ROWS; acc += bias[e, n] if HAS_BIAS and s == 0
     gated:   C[pairs, n] = act(acc) * acc_up           # w13 GEMM with the activation
     else:    C[s, pairs, n] = acc                      # w2 GEMM, partial per K split
 """
@@ -119,6 +120,16 @@ def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
 
 
 @triton.jit
+def _load_bias(bias_e, offs_n, n_mask, N, GATED: tl.constexpr):
+    """Float32 ``bias_e[n]`` and, when gated, ``bias_e[n + N]`` (else the first again)."""
+    b = tl.load(bias_e + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    b_up = b
+    if GATED:
+        b_up = tl.load(bias_e + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    return b, b_up
+
+
+@triton.jit
 def _tile_of(pid, programs, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(row block, column tile) of program ``pid`` of the flattened grid.
 
@@ -152,6 +163,7 @@ def _moe_gemm_kernel(
     block_expert_ptr,
     block_rows_ptr,
     topk_weights_ptr,
+    bias_ptr,
     # sizes
     N,
     K,
@@ -169,6 +181,7 @@ def _moe_gemm_kernel(
     stride_sn,
     stride_cs,
     stride_cm,
+    stride_bias,
     # meta-parameters
     A_DIV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -187,12 +200,14 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr,
     WORDS: tl.constexpr,
     ASM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """One (row block, column tile, K split) of a grouped GEMM; see the module doc.
 
     ``GATED``: B rows ``n`` (gate) and ``n + N`` (up), output ``act(gate) * up``.
     ``WEIGHT_ROWS``: scale the rows by the router weight of their pair (the GEMM is
-    linear, so this equals scaling the input). ``b_ptr`` holds experts
+    linear, so this equals scaling the input). ``HAS_BIAS``: add ``bias[e, n]`` (and
+    ``bias[e, n + N]`` to up) after that scaling, in K split 0 only. ``b_ptr`` holds experts
     ``expert_lo .. expert_hi - 1`` (a chunk of dequantized experts, or all of them).
     ``CT``: dtype of the dot operands, the
     activation dtype on the GPU and float32 in the interpreter, whose bf16 arithmetic
@@ -265,6 +280,11 @@ def _moe_gemm_kernel(
         rw = tl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
         acc = acc * rw[:, None]
         acc_up = acc_up * rw[:, None]
+    if HAS_BIAS:
+        bias_e = bias_ptr + e.to(tl.int64) * stride_bias
+        b, b_up = _load_bias(bias_e, offs_n, n_mask & (pid_s == 0), N, GATED)
+        acc += b[None, :]
+        acc_up += b_up[None, :]
     if GATED:
         acc = _activate(acc, acc_up, alpha, limit, ACT)
     cols = offs_n

@@ -8,7 +8,7 @@ and column tile).
 import triton
 import triton.language as tl
 
-from backends.triton._kernels import _activate
+from backends.triton._kernels import _activate, _load_bias
 
 
 @triton.jit
@@ -21,6 +21,7 @@ def _moe_gemv_kernel(
     c_ptr,
     ids_ptr,
     topk_weights_ptr,
+    bias_ptr,
     # sizes
     N,
     K,
@@ -35,6 +36,7 @@ def _moe_gemv_kernel(
     stride_sn,
     stride_cs,
     stride_cm,
+    stride_bias,
     # meta-parameters
     A_DIV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -47,14 +49,17 @@ def _moe_gemv_kernel(
     BLOCK_K: tl.constexpr,
     PREFETCH: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     """Decode path: one routed pair x ``BLOCK_N`` output columns, int4 weights, no dot.
 
     Grid: pairs x column tiles x K splits; split ``s`` reduces columns
     ``[s * k_per_split, (s + 1) * k_per_split)`` and writes ``C[s]`` (float32 partials
-    summed by the top-k reduction; ungated only). ``PREFETCH`` loads step ``k + 1``'s
-    bytes before step ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K loop
-    (None: its default). Each packed byte of a used expert is read once per pair
+    summed by the top-k reduction; ungated only). ``HAS_BIAS`` adds ``bias[e, n]``
+    (gated: and ``bias[e, n + N]`` to up) in split 0, after the router weight, as
+    ``_moe_gemm_kernel`` does. ``PREFETCH`` loads step ``k + 1``'s bytes before step
+    ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K loop (None: its
+    default). Each packed byte of a used expert is read once per pair
     that routes to it, so this is chosen only when pairs rarely share an expert. The
     low and high nibbles multiply the even and odd input columns in float32; the zero
     point is folded out per group: ``sum((q - z) x) = sum(q x) - z sum(x)``::
@@ -64,6 +69,7 @@ def _moe_gemv_kernel(
             q_lo, q_hi = bytes[e, n, k/2 : (k+BLOCK_K)/2] & 15, >> 4
             dot[n, g] = sum(q_lo x_even + q_hi x_odd) - z[n, g] sum(x)
             acc[n] += sum_g scale[n, g] * dot[n, g]
+        acc = acc * topk_w[p] if WEIGHT_ROWS; acc += bias[e, n] if HAS_BIAS and s == 0
         C[s, p, n] = act(acc, acc_up) if gated else acc
     """
     p = tl.program_id(0)
@@ -139,6 +145,11 @@ def _moe_gemv_kernel(
         rw = tl.load(topk_weights_ptr + p)
         acc = acc * rw
         acc_up = acc_up * rw
+    if HAS_BIAS:  # after the input's router weight, in K split 0 only
+        bias_e = bias_ptr + e.to(tl.int64) * stride_bias
+        b, b_up = _load_bias(bias_e, offs_n, n_mask & (pid_s == 0), N, GATED)
+        acc += b
+        acc_up += b_up
     if GATED:
         acc = _activate(acc, acc_up, alpha, limit, ACT)
     c_ptrs = c_ptr + pid_s * stride_cs + p.to(tl.int64) * stride_cm + offs_n

@@ -29,12 +29,15 @@ class ExpertMatrix:
         scale: ``(E, rows, cols/G)`` (int4 only).
         zero_point: uint8 ``(E, rows, cols/G)`` (asymmetric int4 only).
         group_size: effective group size ``G`` along ``cols`` (int4 only).
+        bias: ``(E, rows)`` added to each expert's output rows (gpt-oss), or ``None``;
+            its last dimension must be contiguous.
     """
 
     data: torch.Tensor
     scale: torch.Tensor | None = None
     zero_point: torch.Tensor | None = None
     group_size: int = 0
+    bias: torch.Tensor | None = None
 
     @property
     def is_int4(self) -> bool:
@@ -98,6 +101,7 @@ def launch_gemm(
     k_per_split = ceil_div(ceil_div(k, tiles.split_k), tiles.block_k) * tiles.block_k
     scale = b.scale if b.scale is not None else b.data
     zero = b.zero_point if b.zero_point is not None else scale
+    bias = b.bias if b.bias is not None else scale
     lo, hi = experts
     words = tiles.int4_words and int4_words_fit(b)
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
@@ -111,6 +115,7 @@ def launch_gemm(
         align.block_expert,
         align.block_rows,
         routing.topk_weights,
+        bias,
         n,
         k,
         k // 8,
@@ -126,6 +131,7 @@ def launch_gemm(
         scale.stride(1),
         out.stride(0) if out.ndim == 3 else 0,
         out.stride(-2),
+        bias.stride(0),
         A_DIV=routing.top_k if gated else 1,
         GROUP=b.group_size if b.is_int4 else 1,
         INT4=b.is_int4,
@@ -143,6 +149,7 @@ def launch_gemm(
         GROUP_M=tiles.group_m,
         WORDS=words,
         ASM=words and not is_interpreting(),
+        HAS_BIAS=b.bias is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
@@ -215,6 +222,7 @@ def launch_gemv(
         else 1
     )
     zero = b.zero_point if b.zero_point is not None else b.scale
+    bias = b.bias if b.bias is not None else b.scale
     grid = (routing.topk_ids.numel(), ceil_div(n, tiles.block_n), split)
     _moe_gemv_kernel[grid](
         a_MK,
@@ -224,6 +232,7 @@ def launch_gemv(
         out,
         routing.topk_ids,
         routing.topk_weights,
+        bias,
         n,
         k,
         k_per_split,
@@ -236,6 +245,7 @@ def launch_gemv(
         b.scale.stride(1),
         out.stride(0) if out.ndim == 3 else 0,
         out.stride(-2),
+        bias.stride(0),
         A_DIV=routing.top_k if gated else 1,
         GROUP=group,
         NG=ng,
@@ -247,6 +257,7 @@ def launch_gemv(
         BLOCK_K=tiles.block_k,
         PREFETCH=tiles.prefetch,
         LOOP_STAGES=tiles.loop_stages,
+        HAS_BIAS=b.bias is not None,
         num_warps=tiles.num_warps,
     )
 

@@ -23,6 +23,7 @@ from tests.backends.triton_cuda_cases import (
     gpu_routing,
     int4_weights,
     run_without_host_sync,
+    with_biases,
 )
 from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
 
@@ -56,6 +57,8 @@ def _check(
 ) -> None:
     generator = torch.Generator().manual_seed(tokens * 7919 + config.num_experts)
     weights = int4_weights(config, scheme, dtype, generator)
+    if config.expert_bias:
+        weights = with_biases(weights, generator)
     backend, prepared = _prepare(name, weights, config, dtype)
     hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
     routing = gpu_routing(config, tokens, drop=drop)
@@ -98,6 +101,25 @@ def test_activations(name: str, activation: Activation, dtype: torch.dtype) -> N
 @pytest.mark.parametrize("name", BACKENDS)
 def test_ids_of_minus_one(name: str, tokens: int) -> None:
     _check(name, _config(), SCHEMES[7], torch.bfloat16, tokens, drop=True)
+
+
+# gemv at 1 (and 5 at top-k 1), gemm words at 5 and 64, at 2048 dequant (top-k 4)
+# or gemm halves (top-k 1)
+@pytest.mark.parametrize("tokens", [1, 5, 64, 2048])
+@pytest.mark.parametrize("on_input", [False, True], ids=["weighted-out", "weighted-in"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_expert_biases(name: str, on_input: bool, tokens: int) -> None:
+    """gpt-oss: swigluoai with biases; gpt-oss-20b sizes (D = F = 2880, group 32)."""
+    config = MoEConfig(
+        num_experts=32,
+        top_k=1 if on_input else 4,
+        hidden_size=2880,
+        intermediate_size=2880,
+        activation="swigluoai",
+        apply_router_weight_on_input=on_input,
+        expert_bias=True,
+    )
+    _check(name, config, SCHEMES[0], torch.bfloat16, tokens, drop=True)
 
 
 @pytest.mark.parametrize("tokens", [1, 300])

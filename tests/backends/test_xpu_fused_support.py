@@ -2,6 +2,7 @@
 
 import sys
 
+import attrs
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ from backends.registry import (
     available_backends,
     create_backend,
     register_backend,
+    select_backend,
     unregister_backend,
 )
 from backends.xpu.ipex import IPEXGatedMLPMOEProvider
@@ -134,6 +136,10 @@ def test_default_loader_turns_a_failed_import_into_a_reason(
         ),
         ("top_k", "top_k must be one of (1, 2, 4, 6, 8, 10), got 3"),
         ("swiglu_limit", "swigluoai needs (swiglu_alpha, swiglu_limit)=(1.702, 7.0)"),
+        (
+            "bias",
+            "expert biases (config.expert_bias, gpt-oss) are not passed to the XPU",
+        ),
     ],
 )
 def test_refusal_reasons(case: str, expected: str) -> None:
@@ -160,6 +166,8 @@ def test_refusal_reasons(case: str, expected: str) -> None:
         config = make_config(intermediate_size=48)
     elif case == "top_k":
         config = make_config(top_k=3)
+    elif case == "bias":
+        config = attrs.evolve(make_config(activation="swigluoai"), expert_bias=True)
     else:
         config = make_config(activation="swigluoai", swiglu_limit=10.0)
     support = fake_backend(FakeXpuKernels()).supports(
@@ -198,3 +206,12 @@ def test_apply_rejects_a_foreign_prepared(generator: torch.Generator) -> None:
 def test_registered_as_xpu_fused() -> None:
     assert "xpu-fused" in available_backends()
     assert create_backend("xpu-fused").name == "xpu-fused"
+
+
+def test_auto_sends_biased_layers_on_xpu_to_triton() -> None:
+    """xpu-fused refuses gpt-oss biases; ``auto`` moves on to triton-w4a16."""
+    config = attrs.evolve(make_config(activation="swigluoai"), expert_bias=True)
+    chosen = select_backend(
+        config, INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+    )
+    assert chosen.name == "triton-w4a16"

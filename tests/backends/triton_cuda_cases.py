@@ -8,6 +8,7 @@ import math
 import warnings
 from collections.abc import Callable
 
+import attrs
 import torch
 
 from backends.triton import TritonW4A16Backend
@@ -63,6 +64,19 @@ def int4_weights(
         w2_zero_point=zeros(d, f),
         scheme=scheme,
     )
+
+
+def with_biases(
+    weights: QuantizedExpertWeights, generator: torch.Generator
+) -> QuantizedExpertWeights:
+    """``weights`` with random gpt-oss expert biases on the GPU, in the scale dtype."""
+    e, f, d = weights.num_experts, weights.intermediate_size, weights.hidden_size
+
+    def bias(n: int, scale: float) -> torch.Tensor:
+        b = torch.randn(e, n, generator=generator) * scale
+        return b.to(weights.scale_dtype).cuda()
+
+    return attrs.evolve(weights, w13_bias=bias(2 * f, 1.0), w2_bias=bias(d, 0.1))
 
 
 def gpu_routing(config: MoEConfig, tokens: int, *, drop: bool = False) -> Routing:
