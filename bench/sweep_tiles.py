@@ -69,12 +69,12 @@ DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (16, 512, 4, 3),
 ]
 DECODE_GEMV = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (16, 1024, 8)]
-EMULATION_GEMM = [  # (block_m, block_n, block_k, warps, stages): 16-bit weights
-    (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
-    (128, 128, 64, 8, 4), (64, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-    (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (32, 128, 64, 4, 4),
-    (128, 128, 32, 8, 4), (64, 64, 128, 4, 4),
+EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
+    (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
+    (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
+    (128, 128, 128, 64, 8, 3, 16), (128, 128, 128, 64, 8, 3, 4), (128, 64, 128, 64, 4, 4, 8),
 ]  # fmt: skip
+"""16-bit prefill variants (``sweep_tiles.py emulation``); the first is the table's."""
 OPERAND_ROWS = [  # (block_m, block_n, block_k, warps, stages): swapped, nibble halves
     (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (32, 64, 128, 4, 4), (64, 128, 64, 4, 3),
 ]  # fmt: skip
@@ -91,10 +91,13 @@ def variants(
     """Keyword arguments of fused_moe per variant name."""
     if mode == "emulation":
         out_e: dict[str, dict[str, object]] = {"auto": {}}
-        for bm, bn, bk, w, st in EMULATION_GEMM:
-            t = GemmTiles(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
-            name = f"emulation bm{bm} bn{bn} bk{bk} w{w} s{st}"
-            out_e[name] = {"tiles": MoETiles(block_m=bm, w13=t, w2=t)}
+        for bm, bn13, bn2, bk, w, st, gm in EMULATION_GEMM:
+            t = GemmTiles(
+                block_n=bn13, block_k=bk, num_warps=w, num_stages=st, group_m=gm
+            )
+            tiles = MoETiles(block_m=bm, w13=t, w2=attrs.evolve(t, block_n=bn2))
+            name = f"emulation bm{bm} bn{bn13}/{bn2} bk{bk} w{w} s{st} g{gm}"
+            out_e[name] = {"tiles": tiles}
         return out_e
     if mode == "operands":
         return operand_variants(m, k, e, default)

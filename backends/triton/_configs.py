@@ -188,15 +188,17 @@ def sixteen_bit_prefill_tiles(per_expert: int) -> MoETiles:
     From ``sweep_tiles.py emulation`` (H200, bench/sweeps/sweep_emulation_h200.log):
     128-row blocks of 128 x 64, 8 warps, 3 stages from 64 pairs per expert (Mixtral
     M = 1024 1.74 vs 1.93 ms for 64-row blocks, Qwen3-235B M = 1024 1.53 vs 1.87,
-    DeepSeek-V3 M = 4096 10.3 vs 11.4); 64 x 256 at 32-63 (DeepSeek-V3 M = 1024 6.05 vs
-    7.07); 32-row blocks, 4 warps, 4 stages below (Qwen3-30B M = 256 0.34 vs 0.48).
-    All in ``PREFILL_GROUP_M`` launch order.
+    DeepSeek-V3 M = 4096 10.3 vs 11.4), the ungated w2 GEMM 256 columns wide
+    (``sweep_emulation2_h200.log``: Mixtral M = 1024 1.58 vs 1.76 ms, M = 4096 5.42 vs
+    5.56, Qwen3-235B M = 4096 2.94 vs 3.02, DeepSeek-V3 M = 4096 8.45 vs 8.66); 64 x 256
+    at 32-63 (DeepSeek-V3 M = 1024 6.05 vs 7.07); 32-row blocks, 4 warps, 4 stages
+    below (Qwen3-30B M = 256 0.34 vs 0.48). All in ``PREFILL_GROUP_M`` launch order.
     """
     if per_expert >= 64:
         tiles = GemmTiles(
             block_n=128, block_k=64, num_warps=8, num_stages=3, group_m=PREFILL_GROUP_M
         )
-        return MoETiles(block_m=128, w13=tiles, w2=tiles)
+        return MoETiles(block_m=128, w13=tiles, w2=attrs.evolve(tiles, block_n=256))
     if per_expert >= 32:
         tiles = GemmTiles(
             block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=PREFILL_GROUP_M

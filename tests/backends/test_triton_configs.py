@@ -49,6 +49,8 @@ def test_sixteen_bit_prefill_tiles_rule() -> None:
 
     assert tiles(8192, 128).block_m == 128  # 64 pairs per expert
     assert tiles(8192, 128).w13.num_warps == 8
+    assert tiles(8192, 128).w13.block_n == 128  # gated: two accumulators
+    assert tiles(8192, 128).w2.block_n == 256
     assert tiles(8192, 256).w13.block_n == 256  # 32 per expert
     assert tiles(2048, 128).block_m == 32  # 16 per expert
     assert tiles(2048, 128).w13.num_stages == 4
