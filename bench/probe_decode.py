@@ -1,7 +1,7 @@
 """Where decode time goes, and the int4 GEMM's dequantization schemes side by side.
 
 Run on the GPU from the repository root:
-``python bench/probe_decode.py [all|compare|tiles|breakdown] [model ...]``.
+``python bench/probe_decode.py [all|compare|tiles|breakdown|words] [model ...]``.
 ``compare``: the GEMM with the table's tiles reading nibble halves against int32 words
 (``GemmTiles.int4_words``), at the table's row block and at 32 rows; ``tiles``: the
 table against other words tiles and, at M <= 4, the GEMV; graph replay at M <= 64,
@@ -39,8 +39,8 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import MoETiles
-from backends.triton._fused import fused_moe, pick_tiles, use_dequant
+from backends.triton._configs import GemvTiles, MoETiles
+from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
@@ -154,7 +154,38 @@ def breakdown(name: str) -> None:
         print(f"    sum {total:.1f} us, graph replay {g:.1f} us", flush=True)
 
 
-MODES = ("all", "compare", "tiles", "breakdown")
+WORD_GEMV_TILES = [(32, 128, 2), (64, 128, 2), (32, 128, 4), (16, 256, 2), (32, 256, 4)]
+"""(block_n, block_k, warps) of the int32-word GEMV timed beside the byte GEMV."""
+
+
+def gemv_words(name: str) -> None:
+    """The byte GEMV (the table's tiles) against int32-word GEMV tiles, M = 1 and 4."""
+    e, k, d, f = MODELS[name]
+    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    q = random_int4(e, d, f)
+    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    for m in (1, 4):
+        x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+        r = route(m, e, k)
+        ref = moe_forward_reference(x, q, r, cfg)
+        variants: dict[str, GemvTiles] = {"bytes": pick_gemv_tiles(m * k)}
+        for bn, bk, warps in WORD_GEMV_TILES:
+            variants[f"words {bn}x{bk} w{warps}"] = GemvTiles(
+                block_n=bn, block_k=bk, num_warps=warps, words=True
+            )
+        line = []
+        for label, gt in variants.items():
+
+            def fwd(gt: GemvTiles = gt) -> torch.Tensor:
+                return fused_moe(x, w13, w2, r, cfg, path="gemv", gemv_tiles=gt)
+
+            err = rel_err(ref, fwd())
+            line.append(f"{label} {time_graph(fwd):.4f} ms (err {err:.1e})")
+        print(f"{name} M={m}: " + "; ".join(line), flush=True)
+
+
+MODES = ("all", "compare", "tiles", "breakdown", "words")
 MODE = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in MODES else "all"
 
 
@@ -166,6 +197,9 @@ def main() -> None:
     if MODE == "tiles":
         for name in models:
             compare(name, (1, 4, 16, 64, 256))
+    if MODE == "words":
+        for name in models:
+            gemv_words(name)
     if MODE in ("all", "breakdown"):
         for name in models:
             breakdown(name)

@@ -72,6 +72,9 @@ class GemvTiles:
         loop_stages: software-pipeline depth Triton is asked for on the K loop
             (``None``: its default).
         w2_split: K splits of the w2 GEMV (``None``: ``gemv_split_for``).
+        words: read int32 words of 8 codes (``_kernels_gemv_words.py``) where the
+            weights allow it (``int4_words_fit``); ``prefetch`` and ``loop_stages``
+            apply to the byte kernel only.
     """
 
     block_n: int
@@ -82,6 +85,7 @@ class GemvTiles:
     w2_split: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
     )
+    words: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -205,31 +205,20 @@ def launch_gemv(
     tiles: GemvTiles,
     split: int = 1,
 ) -> None:
-    """Launch ``_moe_gemv_kernel`` (int4 decode path) writing ``out`` ``(N, n)``.
+    """Launch the int4 decode GEMV writing ``out`` ``(N, n)``.
 
     With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
+    ``tiles.words`` and ``int4_words_fit``: ``_moe_gemv_words_kernel``, else the byte
+    kernel ``_moe_gemv_kernel``.
     """
-    from backends.triton._kernels_gemv import _moe_gemv_kernel
-
     assert b.scale is not None
     assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
     k = int(a_MK.shape[1])
     k_per_split = ceil_div(ceil_div(k, split), tiles.block_k) * tiles.block_k
-    group = b.group_size
-    ng = (
-        tiles.block_k // group
-        if group < tiles.block_k and tiles.block_k % group == 0
-        else 1
-    )
     zero = b.zero_point if b.zero_point is not None else b.scale
     bias = b.bias if b.bias is not None else b.scale
     grid = (routing.topk_ids.numel(), ceil_div(n, tiles.block_n), split)
-    _moe_gemv_kernel[grid](
-        a_MK,
-        b.data,
-        b.scale,
-        zero,
-        out,
+    common = (
         routing.topk_ids,
         routing.topk_weights,
         bias,
@@ -239,27 +228,48 @@ def launch_gemv(
         float(config.swiglu_alpha),
         float(config.swiglu_limit),
         a_MK.stride(0),
-        b.data.stride(0),
-        b.data.stride(1),
-        b.scale.stride(0),
-        b.scale.stride(1),
+    )
+    out_strides = (
         out.stride(0) if out.ndim == 3 else 0,
         out.stride(-2),
         bias.stride(0),
-        A_DIV=routing.top_k if gated else 1,
-        GROUP=group,
-        NG=ng,
-        HAS_ZP=b.zero_point is not None,
-        GATED=gated,
-        ACT=_ACTIVATION_CODE[config.activation],
-        WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
-        BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k,
-        PREFETCH=tiles.prefetch,
-        LOOP_STAGES=tiles.loop_stages,
-        HAS_BIAS=b.bias is not None,
-        num_warps=tiles.num_warps,
     )
+    meta = {
+        "A_DIV": routing.top_k if gated else 1,
+        "GROUP": b.group_size,
+        "HAS_ZP": b.zero_point is not None,
+        "GATED": gated,
+        "ACT": _ACTIVATION_CODE[config.activation],
+        "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
+        "HAS_BIAS": b.bias is not None,
+        "BLOCK_N": tiles.block_n,
+        "BLOCK_K": tiles.block_k,
+        "num_warps": tiles.num_warps,
+    }
+    if tiles.words and int4_words_fit(b):
+        from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
+
+        words = b.data.view(torch.int32)
+        _moe_gemv_words_kernel[grid](
+            a_MK, words, b.scale, zero, out, *common,
+            words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
+            *out_strides, ASM=not is_interpreting(), **meta,
+        )  # fmt: skip
+        return
+    from backends.triton._kernels_gemv import _moe_gemv_kernel
+
+    group = b.group_size
+    ng = (
+        tiles.block_k // group
+        if group < tiles.block_k and tiles.block_k % group == 0
+        else 1
+    )
+    _moe_gemv_kernel[grid](
+        a_MK, b.data, b.scale, zero, out, *common,
+        b.data.stride(0), b.data.stride(1), b.scale.stride(0), b.scale.stride(1),
+        *out_strides, NG=ng, PREFETCH=tiles.prefetch, LOOP_STAGES=tiles.loop_stages,
+        **meta,
+    )  # fmt: skip
 
 
 def reduce_topk(

@@ -1,6 +1,7 @@
 """gpt-oss expert biases in the Triton kernels (interpreter, tiny shapes), vs the oracle.
 
-Every path (GEMV, GEMM with each dequantization scheme and a K-split w2, dequant) and
+Every path (byte and word GEMVs, GEMM with each dequantization scheme and a K-split w2,
+dequant) and
 both router-weight placements; the bias is added once, after the input's router
 weight, before the activation (w13) and before the output's router weight (w2).
 """
@@ -46,6 +47,11 @@ def _tiles(*, swap: bool, halves: bool = False, words: bool = False) -> MoETiles
 PATHS: dict[str, tuple[str, MoETiles | None, GemvTiles | None]] = {
     "gemv": ("gemv", None, None),
     "gemv-w2-split-2": ("gemv", None, GemvTiles(block_n=16, block_k=32, w2_split=2)),
+    "gemv-words-split-2": (
+        "gemv",
+        None,
+        GemvTiles(block_n=16, block_k=32, w2_split=2, words=True),
+    ),
     "gemm": ("gemm", None, None),
     "gemm-split-2": ("gemm", _tiles(swap=False), None),
     "gemm-halves-split-2": ("gemm", _tiles(swap=True, halves=True), None),

@@ -1,4 +1,5 @@
-"""The int4 decode path (``_moe_gemv_kernel``) on a CUDA GPU (marker ``cuda``).
+"""The int4 decode path on a CUDA GPU (marker ``cuda``): the byte kernel
+(``_moe_gemv_kernel``) and the int32-word kernel (``_moe_gemv_words_kernel``).
 
 Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
@@ -22,6 +23,12 @@ from tests.backends.triton_cuda_cases import (
 
 pytestmark = pytest.mark.cuda
 
+KERNELS = {
+    "bytes": GemvTiles(block_n=16, block_k=512),
+    "words": GemvTiles(block_n=32, block_k=128, num_warps=2, words=True),
+}
+"""Each kernel with fixed tiles, whatever the table picks."""
+
 
 def _check(
     config: MoEConfig,
@@ -29,20 +36,27 @@ def _check(
     dtype: torch.dtype,
     tokens: int,
     *,
+    kernel: str,
     drop: bool = False,
+    tiles: GemvTiles | None = None,
 ) -> None:
-    check_fused(config, scheme, dtype, tokens, seed=tokens + 11, path="gemv", drop=drop)
+    check_fused(
+        config, scheme, dtype, tokens, seed=tokens + 11, path="gemv", drop=drop,
+        gemv_tiles=tiles or KERNELS[kernel],
+    )  # fmt: skip
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.name)
-def test_gemv_schemes(scheme: Int4Scheme, dtype: torch.dtype) -> None:
+def test_gemv_schemes(scheme: Int4Scheme, dtype: torch.dtype, kernel: str) -> None:
     config = MoEConfig(num_experts=64, top_k=8, hidden_size=1024, intermediate_size=512)
-    _check(config, scheme, dtype, 3, drop=True)
+    _check(config, scheme, dtype, 3, kernel=kernel, drop=True)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "swigluoai"])
-def test_gemv_activations(activation: Activation) -> None:
+def test_gemv_activations(activation: Activation, kernel: str) -> None:
     config = MoEConfig(
         num_experts=16,
         top_k=2,
@@ -50,10 +64,11 @@ def test_gemv_activations(activation: Activation) -> None:
         intermediate_size=2880,
         activation=activation,
     )  # gpt-oss sizes: 2880 is not a multiple of the 256-column step
-    _check(config, SCHEMES[0], torch.bfloat16, 2)
+    _check(config, SCHEMES[0], torch.bfloat16, 2, kernel=kernel)
 
 
-def test_gemv_router_weight_on_input() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gemv_router_weight_on_input(kernel: str) -> None:
     config = MoEConfig(
         num_experts=16,
         top_k=1,
@@ -61,13 +76,14 @@ def test_gemv_router_weight_on_input() -> None:
         intermediate_size=256,
         apply_router_weight_on_input=True,
     )
-    _check(config, SCHEMES[5], torch.bfloat16, 5)
+    _check(config, SCHEMES[5], torch.bfloat16, 5, kernel=kernel)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize(
     "size", [(8, 2, 4096, 14336, 1), (256, 8, 7168, 2048, 4), (128, 8, 2048, 768, 8)]
 )
-def test_gemv_model_shapes(size: tuple[int, int, int, int, int]) -> None:
+def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) -> None:
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
     assert use_gemv(  # the rule takes the GEMV at M = 1 only (<= 8 pairs)
@@ -83,10 +99,11 @@ def test_gemv_model_shapes(size: tuple[int, int, int, int, int]) -> None:
         .w13,
         enabled=True,
     ) is (t * k <= configs.GEMV_MAX_PAIRS)
-    _check(config, SCHEMES[2], torch.bfloat16, t)
+    _check(config, SCHEMES[2], torch.bfloat16, t, kernel=kernel)
 
 
-def test_gemv_cuda_graph() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gemv_cuda_graph(kernel: str) -> None:
     config = MoEConfig(num_experts=64, top_k=8, hidden_size=1024, intermediate_size=512)
     weights = int4_weights(
         config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(3)
@@ -96,10 +113,43 @@ def test_gemv_cuda_graph() -> None:
     routing = gpu_routing(config, 2)
     check_graph_replays(
         lambda: fused_moe(
-            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv"
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+            gemv_tiles=KERNELS[kernel],
         ),
         hidden_TD, routing, weights, config,
     )  # fmt: skip
+
+
+WORD_TILES = [  # (block_n, block_k, warps, w2_split): the table's candidates, H200
+    (32, 128, 2, None), (64, 128, 2, None), (32, 128, 4, None), (16, 256, 2, None),
+    (32, 256, 4, None), (64, 128, 2, 3), (16, 64, 2, 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tile", WORD_TILES, ids=lambda t: "{}x{}-w{}-split{}".format(*t)
+)
+@pytest.mark.parametrize(
+    "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
+)
+def test_gemv_word_tiles(
+    tile: tuple[int, int, int, int | None], scheme: Int4Scheme
+) -> None:
+    """Word tiles with one group per step or several (g32 and g128, block_k 64..256),
+    the whole row as one group, a K tail (D = 1152 in 256-column steps), K splits, and
+    gpt-oss biases."""
+    bn, bk, warps, split = tile
+    config = MoEConfig(
+        num_experts=32, top_k=4, hidden_size=1152, intermediate_size=768,
+        activation="swigluoai", expert_bias=True,
+    )  # fmt: skip
+    dtype = torch.float16 if scheme.has_zero_point else torch.bfloat16
+    tiles = GemvTiles(
+        block_n=bn, block_k=bk, num_warps=warps, w2_split=split, words=True
+    )
+    check_fused(
+        config, scheme, dtype, 2, seed=4, path="gemv", drop=True, gemv_tiles=tiles
+    )
 
 
 @pytest.mark.parametrize(

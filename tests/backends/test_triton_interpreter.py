@@ -28,7 +28,7 @@ from backends.triton._configs import (
     MoETiles,
 )
 from backends.triton._fused import fused_moe
-from backends.triton._launch import ExpertMatrix
+from backends.triton._launch import ExpertMatrix, int4_words_fit
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -313,11 +313,17 @@ def _assert_matches_gemm(
     torch.testing.assert_close(out, gemm, rtol=tol["rtol"], atol=tol["atol"])
 
 
+WORDS_GEMV = GemvTiles(block_n=16, block_k=64, words=True)
+"""The int32-word GEMV in the interpreter: two groups of 32 per step, a K tail (D = 96)."""
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["bytes", "words"])
 @pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
 def test_gemv_decode_path_matches_oracle_and_gemm(
-    case: PathCase, generator: torch.Generator
+    case: PathCase, words: bool, generator: torch.Generator
 ) -> None:
-    _assert_matches_gemm(*_run_path("gemv", case, 3, generator))
+    tiles = WORDS_GEMV if words else None
+    _assert_matches_gemm(*_run_path("gemv", case, 3, generator, gemv_tiles=tiles))
 
 
 @pytest.mark.parametrize(
@@ -328,8 +334,18 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         GemvTiles(block_n=16, block_k=32, w2_split=2),
         GemvTiles(block_n=16, block_k=32, w2_split=3),  # the third split is empty
         GemvTiles(block_n=16, block_k=32, prefetch=True, w2_split=2),
+        GemvTiles(block_n=16, block_k=32, words=True, w2_split=2),
+        GemvTiles(block_n=32, block_k=32, num_warps=2, words=True, w2_split=3),
     ],
-    ids=["prefetch", "loop-stages-2", "w2-split-2", "w2-split-3", "prefetch-split-2"],
+    ids=[
+        "prefetch",
+        "loop-stages-2",
+        "w2-split-2",
+        "w2-split-3",
+        "prefetch-split-2",
+        "words-split-2",
+        "words-split-3",
+    ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
 def test_gemv_loop_variants_match_oracle(
@@ -429,6 +445,28 @@ def test_dequant_path_refuses_16_bit_weights(generator: torch.Generator) -> None
             _config(),
             path="dequant",
         )
+
+
+def test_words_gemv_falls_back_to_bytes_where_words_do_not_fit(
+    generator: torch.Generator,
+) -> None:
+    """D = 100 (rows of 50 bytes, not whole words): the byte kernel runs instead."""
+    config = MoEConfig(num_experts=E, top_k=2, hidden_size=100, intermediate_size=F)
+    scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1)
+    w13 = torch.randn(E, 2 * F, 100, generator=generator) * 0.2
+    w2 = torch.randn(E, 100, F, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    assert not int4_words_fit(prepared.w13)
+    assert int4_words_fit(prepared.w2)
+    hidden_TD = torch.randn(2, 100, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(2, E, generator=generator), config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+        gemv_tiles=WORDS_GEMV,
+    )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
 
 
 def test_gemv_refuses_16_bit_weights(generator: torch.Generator) -> None:

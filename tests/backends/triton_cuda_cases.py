@@ -102,8 +102,13 @@ def check_fused(
     tiles: MoETiles | None = None,
     gemv_tiles: GemvTiles | None = None,
 ) -> None:
-    """One ``fused_moe`` forward of triton-w4a16's weights against the oracle."""
-    weights = int4_weights(config, scheme, dtype, torch.Generator().manual_seed(seed))
+    """One ``fused_moe`` forward of triton-w4a16's weights against the oracle.
+
+    With ``config.expert_bias`` the weights carry random gpt-oss biases."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = int4_weights(config, scheme, dtype, generator)
+    if config.expert_bias:
+        weights = with_biases(weights, generator)
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
     hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
     routing = gpu_routing(config, tokens, drop=drop)
