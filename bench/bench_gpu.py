@@ -365,7 +365,6 @@ def apply_gemv_variant() -> str:
     name = os.environ.get("GEMV_VARIANT", "base")
     kw = GEMV_LOOP_VARIANTS[name]
     configs.GEMV_FEW = attrs.evolve(configs.GEMV_FEW, **kw)  # type: ignore[misc]
-    configs.GEMV_MANY = attrs.evolve(configs.GEMV_MANY, **kw)  # type: ignore[misc]
     return name
 
 

@@ -39,8 +39,8 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import GemvTiles, MoETiles
-from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles, use_dequant
+from backends.triton._configs import GEMV_FEW, GemvTiles, MoETiles
+from backends.triton._fused import fused_moe, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
@@ -169,7 +169,7 @@ def gemv_words(name: str) -> None:
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
         ref = moe_forward_reference(x, q, r, cfg)
-        variants: dict[str, GemvTiles] = {"bytes": pick_gemv_tiles(m * k)}
+        variants: dict[str, GemvTiles] = {"bytes": GEMV_FEW}
         for bn, bk, warps in WORD_GEMV_TILES:
             variants[f"words {bn}x{bk} w{warps}"] = GemvTiles(
                 block_n=bn, block_k=bk, num_warps=warps, words=True

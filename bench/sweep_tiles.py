@@ -48,13 +48,14 @@ from bench_gpu import (
 )
 
 from backends.triton._configs import (
+    GEMV_FEW,
     SIXTEEN_BIT_MIN_PAIRS,
     GemmTiles,
     GemvTiles,
     MoETiles,
     choose_tiles,
 )
-from backends.triton._fused import fused_moe, pick_gemv_tiles, pick_tiles, use_dequant
+from backends.triton._fused import fused_moe, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
@@ -104,7 +105,7 @@ def variants(
     if mode == "group":
         return {}  # group_fns
     if mode == "gemv":
-        base = pick_gemv_tiles(m * k)
+        base = GEMV_FEW  # the loop variants are the byte kernel's
         return {
             f"gemv {name}": {"path": "gemv", "gemv_tiles": attrs.evolve(base, **kw)}
             for name, kw in GEMV_LOOP_VARIANTS.items()

@@ -106,21 +106,34 @@ INTERPRETER: Final = MoETiles(
 
 
 GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
-"""Decode GEMV for at most ``GEMV_FEW_PAIRS`` routed pairs (M = 1 on every model shape:
-0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, 0.142 vs 0.186 ms on Mixtral)."""
-GEMV_MANY: Final = GemvTiles(block_n=32, block_k=256)
-"""Decode GEMV for more than ``GEMV_FEW_PAIRS`` pairs, reached only where the ``gemv``
-path is asked for explicitly (``auto`` stops at ``GEMV_MAX_PAIRS``). M = 4 on
-Qwen3-235B / DeepSeek-V3: 0.208 / 0.456 ms vs 0.213 / 0.467 for 16 x 512."""
+"""Decode GEMV on bytes for at most ``GEMV_FEW_PAIRS`` routed pairs of experts below
+``GEMV_WORDS_MIN_EXPERT`` (M = 1 on every model shape: 0.071 ms vs 0.075 for 32 x 256
+on Qwen3-235B, 0.142 vs 0.186 ms on Mixtral; against the word GEMV, H200,
+bench/sweeps/probe_gemv_words_h200.log: Qwen3-30B-A3B 0.0294 vs 0.0321-0.0340 ms,
+Qwen3-235B 0.0723 vs 0.0728-0.0756)."""
+GEMV_WORDS: Final = GemvTiles(block_n=32, block_k=128, num_warps=2, words=True)
+"""Decode GEMV on int32 words: above ``GEMV_FEW_PAIRS`` pairs, and at fewer for
+experts of at least ``GEMV_WORDS_MIN_EXPERT`` (bench/sweeps/probe_gemv_words_h200.log,
+graph replay, ms): M = 1 Mixtral 0.119 vs 0.135 for the byte GEMV, DeepSeek-V3 0.133
+vs 0.136; M = 4 (29-32 pairs) Qwen3-30B-A3B 0.059, Qwen3-235B 0.184, DeepSeek-V3 0.372
+against 0.069 / 0.197 / 0.404-0.435 for the words GEMM of the tile table (bench/
+RESULTS.md) and 0.069 / 0.212 / 0.463 for the byte GEMV. Of the tiles probed (64 x 128
+and 32 x 128 with 2 or 4 warps, 16 x 256, 32 x 256) this one was fastest or within 4%
+in every case."""
+GEMV_WORDS_MIN_EXPERT: Final = 1 << 23
+"""``hidden * intermediate`` from which the word GEMV also serves <= ``GEMV_FEW_PAIRS``
+pairs: Mixtral (58.7 M) and DeepSeek-V3 (14.7 M) gained, Qwen3-235B (6.3 M) and
+Qwen3-30B-A3B (1.6 M) lost 5-16% at M = 1."""
 GEMV_FEW_PAIRS: Final = 8
-GEMV_MAX_PAIRS: Final = 8
-"""``use_gemv`` takes the GEMV up to this many routed pairs (and at most one per two
-experts). Against the swapped nibble-halves GEMM (bench/sweeps/sweep_operands_round2_
-h200.log): at M = 1 the GEMV was faster on all four model shapes (Mixtral 0.135 vs
-0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142, Qwen3-30B 0.029 vs
-0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B (0.202 vs 0.213) and DeepSeek-V3
-(0.447 vs 0.465) and lost on Qwen3-30B (0.073 vs 0.070); at M = 16 on DeepSeek-V3 it
-won by 1.3x (1.34 vs 1.72)."""
+GEMV_MAX_PAIRS: Final = 32
+"""``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs, and up to this
+many where w13 reads as int32 words (``int4_words_fit``); always at most one pair per
+two experts. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
+sweep_operands_round2_h200.log): at M = 1 the GEMV was faster on all four model shapes
+(Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142,
+Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B and
+DeepSeek-V3, and the word GEMV then beat both (``GEMV_WORDS``); at M = 16 (128 pairs)
+the GEMM won on DeepSeek-V3 by 1.3x (1.34 vs 1.72), hence the bound."""
 GEMV_BY_DEFAULT: Final = True
 """Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it."""
 GEMV_INTERPRETER: Final = GemvTiles(block_n=16, block_k=64)

@@ -4,7 +4,8 @@ May import core; triton only inside functions. Three paths compute the same laye
 
 - ``gemv`` (int4, decode): two pair-major GEMVs (w2's K split across programs when
   they are few) and the top-k sum, three launches; taken for a handful of pairs that
-  rarely share an expert (``use_gemv``).
+  rarely share an expert (``use_gemv``). The GEMVs read bytes for up to 8 pairs of
+  small experts, else int32 words (``pick_gemv_tiles``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
   registers into the dot's register operand (the int4 table reads int32 words at
@@ -31,6 +32,7 @@ from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
     dequantize_experts,
+    int4_words_fit,
     is_interpreting,
     launch_gemm,
     launch_gemv,
@@ -48,13 +50,17 @@ Path = Literal["auto", "gemm", "gemv", "dequant"]
 def use_gemv(
     num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
 ) -> bool:
-    """Decode rule: int4, <= ``GEMV_MAX_PAIRS`` pairs, <= one pair per two experts.
+    """Decode rule: int4, <= one pair per two experts, and few pairs.
 
-    Then pairs rarely share an expert, so the pair-major GEMV reads each used
+    Few: <= ``GEMV_FEW_PAIRS``, or <= ``GEMV_MAX_PAIRS`` where w13 reads as int32
+    words (``int4_words_fit``). Then pairs rarely share an expert, so the pair-major GEMV reads each used
     expert's bytes about once, without the GEMM's 16-row minimum or its alignment.
     """
-    few = num_pairs <= configs.GEMV_MAX_PAIRS
-    return enabled and w13.is_int4 and few and 2 * num_pairs <= int(w13.data.shape[0])
+    if not (enabled and w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])):
+        return False
+    if num_pairs <= configs.GEMV_FEW_PAIRS:
+        return True
+    return num_pairs <= configs.GEMV_MAX_PAIRS and int4_words_fit(w13)
 
 
 def use_dequant(num_pairs: int, w13: ExpertMatrix) -> bool:
@@ -81,13 +87,19 @@ def pick_tiles(
     )
 
 
-def pick_gemv_tiles(num_pairs: int) -> GemvTiles:
-    """GEMV tiles: narrow and deep for a handful of pairs, wider for more."""
+def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
+    """GEMV tiles: bytes for a handful of pairs of small experts, else int32 words.
+
+    ``GEMV_WORDS`` falls back to the byte kernel where the weights are not whole
+    aligned words (``int4_words_fit``).
+    """
     if is_interpreting():
         return configs.GEMV_INTERPRETER
-    if num_pairs <= configs.GEMV_FEW_PAIRS:
+    expert = int(w13.data.shape[1]) * int(w13.data.shape[2])  # hidden * intermediate
+    few = num_pairs <= configs.GEMV_FEW_PAIRS
+    if few and expert < configs.GEMV_WORDS_MIN_EXPERT:
         return configs.GEMV_FEW
-    return configs.GEMV_MANY
+    return configs.GEMV_WORDS
 
 
 def _gemv_moe(
@@ -103,7 +115,7 @@ def _gemv_moe(
         raise DTypeError("the gemv path needs int4 (uint8) weights, got 16-bit weights")
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
-    chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs)
+    chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs, w13)
     dtype = buffer_dtype(x_TD.dtype)
     inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
     launch_gemv(

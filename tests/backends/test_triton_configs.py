@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import backends.triton._configs as configs
+import backends.triton._fused as fused
 from backends.triton._configs import (
     DEQUANT_PAIRS_PER_EXPERT,
     GEMV_BY_DEFAULT,
@@ -137,13 +138,39 @@ def test_gemv_is_the_decode_rule() -> None:
     w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
     assert use_gemv(4, w13, enabled=True)  # 4 pairs over 8 experts
     assert not use_gemv(5, w13, enabled=True)
-    many = ExpertMatrix(data=torch.zeros(256, 4, 2, dtype=torch.uint8))
-    assert use_gemv(configs.GEMV_MAX_PAIRS, many, enabled=True)
-    assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, many, enabled=True)
+    many = ExpertMatrix(data=torch.zeros(256, 4, 2, dtype=torch.uint8))  # K = 4
+    assert not int4_words_fit(many)
+    assert use_gemv(configs.GEMV_FEW_PAIRS, many, enabled=True)
+    assert not use_gemv(configs.GEMV_FEW_PAIRS + 1, many, enabled=True)  # bytes only
+    words = ExpertMatrix(
+        data=torch.zeros(256, 4, 8, dtype=torch.uint8), group_size=16
+    )  # whole words: the word GEMV takes up to GEMV_MAX_PAIRS
+    assert use_gemv(configs.GEMV_MAX_PAIRS, words, enabled=True)
+    assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, words, enabled=True)
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert not use_gemv(1, dense, enabled=True)
     assert not use_gemv(1, w13, enabled=False)
     assert use_gemv(1, w13) is GEMV_BY_DEFAULT
+
+
+def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes for <= 8 pairs of small experts; int32 words for more or larger ones."""
+    monkeypatch.setattr(fused, "is_interpreting", lambda: False)
+
+    def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
+        return ExpertMatrix(
+            data=torch.empty(8, 2 * f, d // 2, dtype=torch.uint8, device="meta")
+        )
+
+    assert fused.pick_gemv_tiles(8, w13(2048, 768)) is configs.GEMV_FEW  # Qwen3-30B
+    assert fused.pick_gemv_tiles(8, w13(4096, 1536)) is configs.GEMV_FEW  # Qwen3-235B
+    assert (
+        fused.pick_gemv_tiles(8, w13(7168, 2048)) is configs.GEMV_WORDS
+    )  # DeepSeek-V3
+    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is configs.GEMV_WORDS  # Mixtral
+    assert fused.pick_gemv_tiles(9, w13(2048, 768)) is configs.GEMV_WORDS
+    assert configs.GEMV_WORDS.words
+    assert not configs.GEMV_FEW.words
 
 
 def test_dequant_is_the_prefill_rule() -> None:

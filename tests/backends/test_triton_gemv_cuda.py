@@ -86,7 +86,7 @@ def test_gemv_router_weight_on_input(kernel: str) -> None:
 def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) -> None:
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    assert use_gemv(  # the rule takes the GEMV at M = 1 only (<= 8 pairs)
+    assert use_gemv(  # up to 32 pairs (words): M = 1 and DeepSeek-V3's M = 4, not M = 8
         t * k,
         TritonW4A16Backend()
         .prepare(
