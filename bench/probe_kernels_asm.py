@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.triton._kernels_gemv_words import _CODES_ASM
 from backends.triton._launch import ExpertMatrix
 
 _DQ8 = tl.constexpr("""{
@@ -112,18 +113,7 @@ def tc_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split):
     )  # fmt: skip
 
 
-_W8F = tl.constexpr("""{
-.reg .b32 h;
-lop3.b32 $0, $8, 0xF, $9, 0xEA;
-lop3.b32 $1, $8, 0xF0, $9, 0xEA;
-lop3.b32 $2, $8, 0xF00, $9, 0xEA;
-lop3.b32 $3, $8, 0xF000, $9, 0xEA;
-lop3.b32 $4, $8, 0xF0000, $9, 0xEA;
-shr.u32 h, $8, 12;
-lop3.b32 $5, h, 0xF00, $9, 0xEA;
-lop3.b32 $6, h, 0xF000, $9, 0xEA;
-lop3.b32 $7, h, 0xF0000, $9, 0xEA;
-}""")
+_W8F = _CODES_ASM  # the library's word GEMV uses the same block (one LOP3 a code)
 
 
 @triton.jit
