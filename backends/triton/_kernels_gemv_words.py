@@ -174,7 +174,7 @@ def _moe_gemv_words_kernel(
         x7, r7 = _x_plane(x_ptr, wi, i_mask, 7, 0.0000152587890625)
         x_sum = r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7
         w_mask = n_mask[:, None] & i_mask[None, :]
-        if BLOCK_K <= GROUP:  # the step lies in one group: one scale per row
+        if BLOCK_K <= GROUP:  # one group per step (groups: powers of 2, or the row)
             g_col = tl.zeros([1, 1], dtype=tl.int32) + k0 // GROUP
             s_mask = n_mask[:, None]
         else:
