@@ -38,11 +38,10 @@ def _check(
     *,
     kernel: str,
     drop: bool = False,
-    tiles: GemvTiles | None = None,
 ) -> None:
     check_fused(
         config, scheme, dtype, tokens, seed=tokens + 11, path="gemv", drop=drop,
-        gemv_tiles=tiles or KERNELS[kernel],
+        gemv_tiles=KERNELS[kernel],
     )  # fmt: skip
 
 

@@ -104,7 +104,8 @@ def check_fused(
 ) -> None:
     """One ``fused_moe`` forward of triton-w4a16's weights against the oracle.
 
-    With ``config.expert_bias`` the weights carry random gpt-oss biases."""
+    With ``config.expert_bias`` the weights carry random gpt-oss biases.
+    """
     generator = torch.Generator().manual_seed(seed)
     weights = int4_weights(config, scheme, dtype, generator)
     if config.expert_bias:
