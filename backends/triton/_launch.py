@@ -234,18 +234,7 @@ def launch_gemv(
         out.stride(-2),
         bias.stride(0),
     )
-    meta = {
-        "A_DIV": routing.top_k if gated else 1,
-        "GROUP": b.group_size,
-        "HAS_ZP": b.zero_point is not None,
-        "GATED": gated,
-        "ACT": _ACTIVATION_CODE[config.activation],
-        "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
-        "HAS_BIAS": b.bias is not None,
-        "BLOCK_N": tiles.block_n,
-        "BLOCK_K": tiles.block_k,
-        "num_warps": tiles.num_warps,
-    }
+    meta = _gemv_meta(b, tiles, routing=routing, config=config, gated=gated)
     if tiles.words and int4_words_fit(b):
         from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
@@ -270,6 +259,29 @@ def launch_gemv(
         *out_strides, NG=ng, PREFETCH=tiles.prefetch, LOOP_STAGES=tiles.loop_stages,
         **meta,
     )  # fmt: skip
+
+
+def _gemv_meta(
+    b: ExpertMatrix,
+    tiles: GemvTiles,
+    *,
+    routing: Routing,
+    config: MoEConfig,
+    gated: bool,
+) -> dict[str, object]:
+    """The meta-parameters both GEMV kernels take."""
+    return {
+        "A_DIV": routing.top_k if gated else 1,
+        "GROUP": b.group_size,
+        "HAS_ZP": b.zero_point is not None,
+        "GATED": gated,
+        "ACT": _ACTIVATION_CODE[config.activation],
+        "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
+        "HAS_BIAS": b.bias is not None,
+        "BLOCK_N": tiles.block_n,
+        "BLOCK_K": tiles.block_k,
+        "num_warps": tiles.num_warps,
+    }
 
 
 def reduce_topk(
