@@ -129,7 +129,7 @@ def _moe_gemv_words_kernel(
     BLOCK_K: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """``_moe_gemv_kernel``'s contract on int32 words; 3 float32 instructions a code.
+    """``_moe_gemv_kernel``'s contract on int32 words; three instructions a code at its core.
 
     Grid, K splits, ``GATED``, ``WEIGHT_ROWS`` and ``HAS_BIAS`` as there. Needs
     ``K % 8 == 0`` and ``GROUP % 8 == 0`` (``int4_words_fit``). Per step each program
