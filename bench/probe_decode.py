@@ -44,6 +44,7 @@ from backends.triton._fused import fused_moe, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
+from core.weights import QuantizedExpertWeights
 
 REPS = 20
 
@@ -101,12 +102,21 @@ WORDS_TILES = [(32, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (64, 128, 8, 
 """(block_n, block_k, warps, stages) of the words GEMM beside the table (64x128 w4 s4)."""
 
 
-def compare(name: str, ms: tuple[int, ...]) -> None:
+def int4_layer(
+    name: str,
+) -> tuple[MoEConfig, QuantizedExpertWeights, ExpertMatrix, ExpertMatrix]:
+    """One model's layer config, random int4 experts, and their two GEMM operands."""
     e, k, d, f = MODELS[name]
     cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
     q = random_int4(e, d, f)
     w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
     w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    return cfg, q, w13, w2
+
+
+def compare(name: str, ms: tuple[int, ...]) -> None:
+    e, k, d, _ = MODELS[name]
+    cfg, q, w13, w2 = int4_layer(name)
     for m in ms:
         if use_dequant(m * k, w13):
             continue
@@ -129,10 +139,7 @@ def compare(name: str, ms: tuple[int, ...]) -> None:
 
 def breakdown(name: str) -> None:
     e, k, d, f = MODELS[name]
-    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    q = random_int4(e, d, f)
-    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    cfg, _, w13, w2 = int4_layer(name)
     for m in (1, 4, 16, 64):
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
@@ -160,11 +167,8 @@ WORD_GEMV_TILES = [(32, 128, 2), (64, 128, 2), (32, 128, 4), (16, 256, 2), (32, 
 
 def gemv_words(name: str) -> None:
     """The byte GEMV (the table's tiles) against int32-word GEMV tiles, M = 1 and 4."""
-    e, k, d, f = MODELS[name]
-    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    q = random_int4(e, d, f)
-    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    e, k, d, _ = MODELS[name]
+    cfg, q, w13, w2 = int4_layer(name)
     for m in (1, 4):
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
