@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that re-checks the Triton backends on a CUDA GPU, from the repository
 # root: the benchmark (bench/RESULTS.md, results.json, PNGs), then the CUDA tests in
-# four parallel pytest jobs, logs concatenated into $OUT/cuda_tests.log. About 9-10 min
+# five parallel pytest jobs, logs concatenated into $OUT/cuda_tests.log. About 9-10 min
 # on an H200 (bench ~6, tests ~3.5): at the device tool's 10-minute limit per call, so
 # pass "bench" or "tests" to run one half per call.
 # Exit status: non-zero if the benchmark or any test job failed.
@@ -16,14 +16,16 @@ fi
 [ "$mode" = "bench" ] && exit $status
 run() {  # name, then pytest arguments
   local name=$1; shift
-  timeout 300 python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1
+  timeout 300 python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
+    || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
 }
-run gemv_dequant tests/backends/test_triton_gemv_cuda.py tests/backends/test_triton_dequant_cuda.py &
+run gemv tests/backends/test_triton_gemv_cuda.py &
+run dequant tests/backends/test_triton_dequant_cuda.py &
 run w4a16 tests/backends/test_triton_cuda.py -k w4a16 &
 run rest tests/backends/test_triton_cuda.py tests/modules/test_int4_moe_cuda.py -k "not w4a16" &
 run variants tests/backends/test_triton_gemm_variants_cuda.py &
 for job in $(jobs -p); do wait "$job" || status=1; done
-for name in gemv_dequant w4a16 rest variants; do
+for name in gemv dequant w4a16 rest variants; do
   echo "=== $name"; cat "/tmp/cuda_$name.log"
 done > "$out/cuda_tests.log"
 grep -E "passed|failed|error" "$out/cuda_tests.log" | grep -v "^E " | tail -8
