@@ -3,7 +3,8 @@
 Runs on any CPU: ``python bench/probe_host.py``. The Triton kernels are replaced by
 no-ops, so what is timed is this library's Python between launches (tile choice,
 buffers, argument packing), not Triton's launcher or the GPU. Qwen3-30B-A3B's layer
-(the launch-bound one), bf16, M = 1 (the GEMV path), 4 and 16 (the GEMM path).
+(the launch-bound one), bf16, M = 1 (the byte GEMV), 4 (the int32-word GEMV) and 16
+(the GEMM path).
 """
 
 # ruff: noqa: D103, T201
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import backends.triton._kernels as kernels
 import backends.triton._kernels_gemv as kernels_gemv
+import backends.triton._kernels_gemv_words as kernels_gemv_words
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
@@ -37,6 +39,7 @@ def main() -> None:
                  "_reduce_topk_kernel"):  # fmt: skip
         setattr(kernels, name, _NoLaunch())
     kernels_gemv._moe_gemv_kernel = _NoLaunch()  # type: ignore[assignment]
+    kernels_gemv_words._moe_gemv_words_kernel = _NoLaunch()  # type: ignore[assignment]
     e, k, d, f = 128, 8, 2048, 768
     cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
 

@@ -53,8 +53,9 @@ def use_gemv(
     """Decode rule: int4, <= one pair per two experts, and few pairs.
 
     Few: <= ``GEMV_FEW_PAIRS``, or <= ``GEMV_MAX_PAIRS`` where w13 reads as int32
-    words (``int4_words_fit``). Then pairs rarely share an expert, so the pair-major GEMV reads each used
-    expert's bytes about once, without the GEMM's 16-row minimum or its alignment.
+    words (``int4_words_fit``). Then pairs rarely share an expert, so the pair-major
+    GEMV reads each used expert's bytes about once, without the GEMM's 16-row minimum
+    or its alignment.
     """
     if not (enabled and w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])):
         return False

@@ -1,9 +1,8 @@
 """gpt-oss expert biases in the Triton kernels (interpreter, tiny shapes), vs the oracle.
 
 Every path (byte and word GEMVs, GEMM with each dequantization scheme and a K-split w2,
-dequant) and
-both router-weight placements; the bias is added once, after the input's router
-weight, before the activation (w13) and before the output's router weight (w2).
+dequant) and both router-weight placements; the bias is added once, after the input's
+router weight, before the activation (w13) and before the output's router weight (w2).
 """
 
 import os
