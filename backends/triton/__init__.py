@@ -62,16 +62,16 @@ def _matrices(weights: QuantizedExpertWeights) -> tuple[ExpertMatrix, ExpertMatr
     scheme = weights.scheme
     d, f = weights.hidden_size, weights.intermediate_size
     w13 = ExpertMatrix(
-        data=weights.w13_qdata,
-        scale=weights.w13_scale,
-        zero_point=weights.w13_zero_point,
+        data=weights.w13_qdata.contiguous(),
+        scale=weights.w13_scale.contiguous(),
+        zero_point=_contiguous(weights.w13_zero_point),
         group_size=scheme.group_size_for(d),
         bias=_contiguous(weights.w13_bias),
     )
     w2 = ExpertMatrix(
-        data=weights.w2_qdata,
-        scale=weights.w2_scale,
-        zero_point=weights.w2_zero_point,
+        data=weights.w2_qdata.contiguous(),
+        scale=weights.w2_scale.contiguous(),
+        zero_point=_contiguous(weights.w2_zero_point),
         group_size=scheme.group_size_for(f),
         bias=_contiguous(weights.w2_bias),
     )
@@ -124,7 +124,11 @@ class TritonW4A16Backend:
     def prepare(
         self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
     ) -> TritonW4A16Prepared:
-        """Views of the canonical weights as GEMM operands (nothing is copied)."""
+        """The canonical weights as GEMM operands.
+
+        Nothing is copied unless a tensor is strided (e.g. a transposed view): the
+        kernels read contiguous rows, so such a tensor is copied once, here.
+        """
         w13, w2 = _matrices(weights)
         return TritonW4A16Prepared(
             weights=weights, config=config, dtype=dtype, w13=w13, w2=w2

@@ -90,11 +90,21 @@ class GemvTiles:
 
 @attrs.frozen(kw_only=True)
 class MoETiles:
-    """Row-block size shared by both GEMMs, and each GEMM's tiles."""
+    """Row-block size shared by both GEMMs, and each GEMM's tiles.
+
+    ``w13.split_k`` must be 1: the activation needs each row's whole sum.
+    """
 
     block_m: int
-    w13: GemmTiles
+    w13: GemmTiles = attrs.field()
     w2: GemmTiles
+
+    @w13.validator
+    def _whole_sums(self, attribute: object, value: GemmTiles) -> None:
+        del attribute
+        if value.split_k != 1:
+            msg = f"MoETiles.w13.split_k must be 1 (split-K is for w2), got {value.split_k}"
+            raise ValueError(msg)
 
 
 INTERPRETER: Final = MoETiles(

@@ -39,10 +39,31 @@ class ExpertMatrix:
     group_size: int = 0
     bias: torch.Tensor | None = None
 
+    def __attrs_post_init__(self) -> None:
+        """The kernels read contiguous rows, and zero points with the scale's strides."""
+        for name, t in (
+            ("data", self.data),
+            ("scale", self.scale),
+            ("bias", self.bias),
+        ):
+            if t is not None and t.shape[-1] > 1 and t.stride(-1) != 1:
+                msg = f"ExpertMatrix.{name} needs a contiguous last dimension, got strides {t.stride()}"
+                raise ValueError(msg)
+        zp, scale = self.zero_point, self.scale
+        if zp is not None and (scale is None or _strides(zp) != _strides(scale)):
+            got = None if scale is None else scale.stride()
+            msg = f"ExpertMatrix.zero_point needs the scale's strides {got}, got {zp.stride()}"
+            raise ValueError(msg)
+
     @property
     def is_int4(self) -> bool:
         """Whether ``data`` holds packed int4 codes."""
         return self.data.dtype == torch.uint8
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s strides over its dimensions longer than 1 (the others are never stepped)."""
+    return tuple(st for st, n in zip(t.stride(), t.shape, strict=True) if n > 1)
 
 
 @functools.cache
@@ -52,6 +73,14 @@ def is_interpreting() -> bool:
     Read once: Triton itself picks the interpreter when the kernels are decorated.
     """
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _ptx_target(a: torch.Tensor) -> bool:
+    """Whether kernels may use inline NVIDIA PTX: CUDA tensors, not the interpreter.
+
+    Intel's Triton (XPU) and the CPU interpreter take the same bits by plain Triton ops.
+    """
+    return a.device.type == "cuda" and not is_interpreting()
 
 
 def _operand_dtype(dtype: torch.dtype) -> object:
@@ -103,6 +132,9 @@ def launch_gemm(
     zero = b.zero_point if b.zero_point is not None else scale
     bias = b.bias if b.bias is not None else scale
     lo, hi = experts
+    group = b.group_size if b.is_int4 else 1
+    if group == k:  # one group a row: GROUP >= BLOCK_K takes the one-group branch
+        group = max(k, tiles.block_k)  # (BLOCK_K // GROUP would be 0 for K < BLOCK_K)
     words = tiles.int4_words and int4_words_fit(b)
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
     _moe_gemm_kernel[grid](
@@ -133,7 +165,7 @@ def launch_gemm(
         out.stride(-2),
         bias.stride(0),
         A_DIV=routing.top_k if gated else 1,
-        GROUP=b.group_size if b.is_int4 else 1,
+        GROUP=group,
         INT4=b.is_int4,
         HAS_ZP=b.zero_point is not None,
         GATED=gated,
@@ -148,7 +180,7 @@ def launch_gemm(
         PERM_OUT=perm_out,
         GROUP_M=tiles.group_m,
         WORDS=words,
-        ASM=words and not is_interpreting(),
+        ASM=words and _ptx_target(a_MK),
         HAS_BIAS=b.bias is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
@@ -242,7 +274,7 @@ def launch_gemv(
         _moe_gemv_words_kernel[grid](
             a_MK, words, b.scale, zero, out, *common,
             words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-            *out_strides, ASM=not is_interpreting(), **meta,
+            *out_strides, ASM=_ptx_target(a_MK), **meta,
         )  # fmt: skip
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel

@@ -28,7 +28,7 @@ from backends.triton._configs import (
     MoETiles,
 )
 from backends.triton._fused import fused_moe
-from backends.triton._launch import ExpertMatrix, int4_words_fit
+from backends.triton._launch import ExpertMatrix, _ptx_target, int4_words_fit
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -481,3 +481,91 @@ def test_gemv_refuses_16_bit_weights(generator: torch.Generator) -> None:
             _config(),
             path="gemv",
         )
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values with a non-contiguous last dimension (a transposed copy's view)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm", "dequant"])
+def test_strided_weights_are_copied_contiguous_at_prepare(
+    path: str, generator: torch.Generator
+) -> None:
+    """``from_quantized`` takes strided views as they are; the kernels read rows."""
+    weights = _weights(SCHEMES[1], torch.bfloat16, generator)  # zero points too
+    fields = ("w13_qdata", "w13_scale", "w13_zero_point", "w2_qdata", "w2_scale")
+    strided = attrs.evolve(
+        weights, **{f: _strided(getattr(weights, f)) for f in fields}
+    )
+    assert not strided.w13_qdata.is_contiguous()
+    config = _config()
+    prepared = TritonW4A16Backend().prepare(strided, config, dtype=torch.bfloat16)
+    for b in (prepared.w13, prepared.w2):
+        assert b.data.is_contiguous()
+        assert b.scale is not None
+        assert b.scale.is_contiguous()
+    hidden_TD = torch.randn(3, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    out = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path=path)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+def test_expert_matrix_refuses_strided_rows() -> None:
+    data = torch.zeros(2, 8, 4, dtype=torch.uint8)
+    scale = torch.ones(2, 8, 2)
+    with pytest.raises(ValueError, match=r"ExpertMatrix\.data needs a contiguous"):
+        ExpertMatrix(data=_strided(torch.zeros(2, 4, 8, dtype=torch.uint8)))
+    with pytest.raises(ValueError, match=r"ExpertMatrix\.scale needs a contiguous"):
+        ExpertMatrix(data=data, scale=_strided(torch.ones(2, 2, 8)), group_size=4)
+    with pytest.raises(ValueError, match=r"zero_point needs the scale's strides"):
+        ExpertMatrix(
+            data=data,
+            scale=scale,
+            zero_point=torch.zeros(2, 16, 2, dtype=torch.uint8)[:, ::2],
+            group_size=4,
+        )
+    one_group = torch.ones(2, 8, 1).expand(2, 8, 1)  # size-1 last dimension: any stride
+    assert ExpertMatrix(data=data, scale=one_group, group_size=8).scale is one_group
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [None, GEMM_VARIANTS["halves-swap"], GEMM_VARIANTS["words-swap"]],
+    ids=["interpreter", "halves-swap", "words-swap"],
+)
+def test_group_per_row_with_k_below_block_k(
+    tiles: MoETiles | None, generator: torch.Generator
+) -> None:
+    """Group -1 with K = 48 (w13) and 24 (w2), both below BLOCK_K and not powers of 2."""
+    d, f = 48, 24
+    config = MoEConfig(num_experts=E, top_k=2, hidden_size=d, intermediate_size=f)
+    scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1)
+    w13 = torch.randn(E, 2 * f, d, generator=generator) * 0.2
+    w2 = torch.randn(E, d, f, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(5, d, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm",
+        tiles=tiles,
+    )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+def test_w13_tiles_refuse_split_k() -> None:
+    with pytest.raises(ValueError, match=r"w13\.split_k must be 1"):
+        MoETiles(
+            block_m=16,
+            w13=GemmTiles(block_n=32, block_k=64, split_k=2),
+            w2=GemmTiles(block_n=32, block_k=32),
+        )
+
+
+def test_inline_ptx_is_for_cuda_tensors_only() -> None:
+    """Intel's Triton (XPU) and the interpreter get the same bits from plain Triton ops."""
+    assert not _ptx_target(torch.empty(1))
+    assert not _ptx_target(torch.empty(1, device="meta"))
