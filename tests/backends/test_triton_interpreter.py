@@ -27,7 +27,7 @@ from backends.triton._configs import (
     GemvTiles,
     MoETiles,
 )
-from backends.triton._fused import fused_moe
+from backends.triton._fused import Path, fused_moe
 from backends.triton._launch import ExpertMatrix, _ptx_target, int4_words_fit
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
@@ -490,13 +490,18 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("path", ["gemv", "gemm", "dequant"])
 def test_strided_weights_are_copied_contiguous_at_prepare(
-    path: str, generator: torch.Generator
+    path: Path, generator: torch.Generator
 ) -> None:
     """``from_quantized`` takes strided views as they are; the kernels read rows."""
     weights = _weights(SCHEMES[1], torch.bfloat16, generator)  # zero points too
-    fields = ("w13_qdata", "w13_scale", "w13_zero_point", "w2_qdata", "w2_scale")
+    assert weights.w13_zero_point is not None
     strided = attrs.evolve(
-        weights, **{f: _strided(getattr(weights, f)) for f in fields}
+        weights,
+        w13_qdata=_strided(weights.w13_qdata),
+        w13_scale=_strided(weights.w13_scale),
+        w13_zero_point=_strided(weights.w13_zero_point),
+        w2_qdata=_strided(weights.w2_qdata),
+        w2_scale=_strided(weights.w2_scale),
     )
     assert not strided.w13_qdata.is_contiguous()
     config = _config()
