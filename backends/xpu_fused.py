@@ -131,8 +131,11 @@ def _provider_inputs(
     The providers always weight the expert outputs and ignore
     ``apply_router_weight_on_input``; with that flag (top_k is 1) the input is scaled
     here and the weights become ones, so nothing is weighted twice. Ids ``-1`` (expert
-    held elsewhere) become expert 0 with weight 0: this relies only on the weighted sum,
-    not on how a given release treats a negative id.
+    held elsewhere) get weight 0 and the id of the token's first held choice, which runs
+    on that token anyway; a token with no held choice gets expert 0 and a zero input
+    row. This relies only on the weighted sum, not on how a given release treats a
+    negative id, and a weight of 0 never meets an overflowed (inf) expert output: 0 * inf
+    would be NaN.
     """
     ids_TK = routing.topk_ids.long()
     weights_TK = routing.topk_weights.float()
@@ -142,8 +145,12 @@ def _provider_inputs(
         x_TD = (hidden_TD.float() * weights_TK[:, :1]).to(hidden_TD.dtype)
         weights_TK = torch.ones_like(weights_TK)
     held_TK = ids_TK >= 0
+    any_T1 = held_TK.any(dim=1, keepdim=True)
+    first_T1 = ids_TK.gather(1, held_TK.int().argmax(dim=1, keepdim=True))  # first True
+    stand_in_T1 = torch.where(any_T1, first_T1, torch.zeros_like(first_T1))
     weights_TK = torch.where(held_TK, weights_TK, torch.zeros_like(weights_TK))
-    ids_TK = torch.where(held_TK, ids_TK, torch.zeros_like(ids_TK))
+    ids_TK = torch.where(held_TK, ids_TK, stand_in_T1)
+    x_TD = torch.where(any_T1, x_TD, torch.zeros_like(x_TD))
     return x_TD.contiguous(), weights_TK.contiguous(), ids_TK.contiguous()
 
 

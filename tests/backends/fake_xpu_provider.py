@@ -139,6 +139,10 @@ class FakeXpuFusedMoe:
             )
         }
         self.is_int4 = w13.dtype == torch.uint8
+        for q, sc in ((w13, w13_scales), (w2, w2_scales)):  # the documented contract
+            assert q.shape[1] % 8 == 0, f"N % 8 != 0: {tuple(q.shape)}"
+            assert 2 * q.shape[2] // sc.shape[2] in (32, 64, 128, 256), sc.shape
+            assert sc.dtype in (torch.bfloat16, torch.float16), sc.dtype
         if self.is_int4 and not hasattr(w13, "xpu_fused_moe"):
             w13.data = to_twos_complement(w13)
             w2.data = to_twos_complement(w2)
@@ -168,6 +172,9 @@ class FakeXpuFusedMoe:
         assert topk_weights.dtype == torch.float32  # moe_gather's TORCH_CHECK
         assert topk_ids.dtype in (torch.int32, torch.int64)
         assert topk_ids.shape[1] == self.top_k
+        assert hidden_states.dtype in (torch.bfloat16, torch.float16)
+        assert self.w13_scales.dtype == hidden_states.dtype  # scales in activation dtype
+        assert int(topk_ids.min()) >= 0, "ids of -1 are outside the contract"
         self.applied.append((topk_weights.clone(), topk_ids.clone()))
         w13 = dequantize_signed(self.w13, self.w13_scales)
         w2 = dequantize_signed(self.w2, self.w2_scales)

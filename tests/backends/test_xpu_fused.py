@@ -2,6 +2,7 @@
 
 import logging
 
+import attrs
 import pytest
 import torch
 
@@ -234,6 +235,33 @@ def test_experts_held_elsewhere_contribute_zero(generator: torch.Generator) -> N
     assert int(applied_ids.min()) >= 0
     assert float(applied_weights[0, 1]) == 0.0
     assert float(applied_weights[5].abs().sum()) == 0.0
+
+
+def test_pairs_held_elsewhere_never_meet_an_overflowed_expert(
+    generator: torch.Generator,
+) -> None:
+    """fp16, expert 0 overflows on every input: weight 0 * inf would be NaN.
+
+    A remote pair stands in as the token's first held choice (token 0); a token with no
+    held choice runs expert 0 on a zero row (token 1).
+    """
+    config = make_config()
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.float16)
+    w13_scale = weights.w13_scale.clone()
+    w13_scale[0] *= 2000
+    weights = attrs.evolve(weights, w13_scale=w13_scale)
+    kernels = FakeXpuKernels()
+    backend = fake_backend(kernels)
+    prepared = backend.prepare(weights, config, dtype=torch.float16)
+    hidden = torch.randn(T, D, generator=generator).to(torch.float16)
+    ids = torch.tensor([[1, -1], [-1, -1]] + [[2, 3]] * (T - 2), dtype=torch.int32)
+    local = Routing(topk_weights=torch.full((T, 2), 0.5), topk_ids=ids)
+    out = backend.apply(hidden, prepared, local)
+    expected = moe_forward_reference(hidden, weights, local, config)
+    assert bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, expected, **KERNEL_VS_ORACLE[torch.float16])
+    _, applied_ids = kernels.built[0].applied[0]
+    assert applied_ids[:2].tolist() == [[1, 1], [0, 0]]
 
 
 def test_ipex_provider_matches_oracle(generator: torch.Generator) -> None:
