@@ -4,6 +4,7 @@ routing options, sizes up to real model layers, CUDA graphs and no host sync.
 Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
 
+import attrs
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from backends.triton import (
     TritonEmulationBackend,
     TritonW4A16Backend,
 )
+from backends.triton._launch import _ptx_target
 from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
@@ -54,11 +56,23 @@ def _check(
     tokens: int,
     *,
     drop: bool = False,
+    strided: bool = False,
 ) -> None:
     generator = torch.Generator().manual_seed(tokens * 7919 + config.num_experts)
     weights = int4_weights(config, scheme, dtype, generator)
     if config.expert_bias:
         weights = with_biases(weights, generator)
+    if strided:  # the same values in transposed-copy views (not contiguous)
+        weights = attrs.evolve(
+            weights,
+            w13_qdata=_strided(weights.w13_qdata),
+            w13_scale=_strided(weights.w13_scale),
+            w2_qdata=_strided(weights.w2_qdata),
+            w2_scale=_strided(weights.w2_scale),
+            w13_zero_point=_strided_or_none(weights.w13_zero_point),
+            w2_zero_point=_strided_or_none(weights.w2_zero_point),
+        )
+        assert not weights.w13_qdata.is_contiguous()
     backend, prepared = _prepare(name, weights, config, dtype)
     hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
     routing = gpu_routing(config, tokens, drop=drop)
@@ -69,6 +83,14 @@ def _check(
     assert bool(torch.isfinite(out).all())
     if tokens:
         assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _strided_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else _strided(t)
 
 
 def _config(
@@ -183,3 +205,21 @@ def test_forward_makes_no_host_sync(name: str, tokens: int) -> None:
     out = run_without_host_sync(lambda: backend.apply(hidden_TD, prepared, routing))
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 2048])  # the gemv, gemm and dequant paths
+def test_w4a16_strided_weights(tokens: int) -> None:
+    """Transposed-copy views are copied contiguous at prepare (the kernels read rows)."""
+    _check("triton-w4a16", _config(), SCHEMES[6], torch.bfloat16, tokens, strided=True)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 40, 2048])
+@pytest.mark.parametrize("dims", [(48, 24), (100, 64)], ids=["D48_F24", "D100_F64"])
+def test_w4a16_group_per_row_with_small_k(dims: tuple[int, int], tokens: int) -> None:
+    """Group -1 with K below the GPU tiles' BLOCK_K, not a power of 2 (D = 100: bytes)."""
+    d, f = dims
+    _check("triton-w4a16", _config(d=d, f=f), SCHEMES[9], torch.bfloat16, tokens)
+
+
+def test_w4a16_inline_ptx_targets_cuda_tensors() -> None:
+    assert _ptx_target(torch.empty(1, device="cuda"))
