@@ -31,6 +31,7 @@ from core.formats.options import (
     FormatOptions,
     import_projection,
     parse_quantization_config,
+    to_checkpoint_format,
 )
 from core.weights import QuantizedExpertWeights
 from modules.int4_moe import Int4MoE
@@ -224,15 +225,20 @@ def load_experts(
             ``down_proj`` or Mixtral ``w1`` / ``w3`` / ``w2``, or fused 3-D
             ``gate_up_proj`` / ``down_proj``), the router at ``<prefix>.gate.weight``.
         config: the layer's sizes; ``num_experts`` experts are expected.
-        format: `auto` detects from ``quantization_config`` and tensor names.
+        format: `auto` detects from ``quantization_config`` and tensor names; or
+            `gptq`, `awq`, `compressed-tensors` (case and ``_``/``-`` ignored).
         quantization_config: the checkpoint's ``quantization_config``; read from the
-            ``config.json`` beside ``source`` when left out.
+            ``config.json`` beside ``source`` when left out. For compressed-tensors,
+            the ``config_groups`` entry whose targets match the expert modules is
+            used (see :func:`core.formats.targets.select_config_group`).
         device: where the tensors are loaded.
 
     Raises:
-        ConfigError: for an unknown or contradicting format, or missing or unexpected
-            tensors (named); ShapeError / DTypeError for malformed tensors.
+        ConfigError: for an unknown or contradicting format, an ambiguous or
+            non-int4 ``config_groups`` entry, experts in ``ignore``, or missing or
+            unexpected tensors (named); ShapeError / DTypeError for malformed tensors.
     """
+    fmt = to_checkpoint_format(format)
     src = _open_source(source, device)
     if quantization_config is None:
         quantization_config = read_quantization_config(source)
@@ -241,9 +247,10 @@ def load_experts(
     if not rel:
         raise ConfigError(f"no tensors under {base!r} in the checkpoint")
     plan = _plan(rel, config.num_experts)
-    opts = parse_quantization_config(quantization_config, format) or _detect(
-        rel, lambda n: src.read([base + n])[base + n], plan["down"][0], config
-    )
+    modules = [base + key for keys in plan.values() for key in keys]
+    opts = parse_quantization_config(
+        quantization_config, fmt, module_names=modules
+    ) or _detect(rel, lambda n: src.read([base + n])[base + n], plan["down"][0], config)
     wanted: list[str] = []
     missing: list[str] = []
     for keys in plan.values():

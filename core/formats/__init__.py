@@ -27,5 +27,7 @@ from core.formats.options import (
     FormatOptions as FormatOptions,
     import_projection as import_projection,
     parse_quantization_config as parse_quantization_config,
+    to_checkpoint_format as to_checkpoint_format,
 )
 from core.formats.projection import Int4Projection as Int4Projection
+from core.formats.targets import select_config_group as select_config_group

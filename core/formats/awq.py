@@ -14,7 +14,6 @@ import torch
 from core.errors import ShapeError
 from core.formats.projection import (
     Int4Projection,
-    check_declared_group,
     check_int32,
     check_ndim,
     group_size_of,
@@ -41,8 +40,9 @@ def from_awq(
         qweight: int32 ``(..., K, N/8)``.
         scales: ``(..., K/G, N)``.
         qzeros: int32 ``(..., K/G, N/8)``.
-        group_size: declared group size (``-1``: one group per row), checked against
-            the shapes.
+        group_size: declared group size (``-1``, or at least ``K`` with one scale
+            row: one group per row), checked against the shapes; ``None``: inferred
+            (see :func:`~core.formats.projection.group_size_of`).
 
     Raises:
         ShapeError, DTypeError, ConfigError: on malformed input.
@@ -58,8 +58,7 @@ def from_awq(
             f"{codes_KN.shape[-1]}, got {tuple(scales.shape)}"
         )
     stored = int(scales.shape[-2])
-    group = group_size_of("scales", k, stored)
-    check_declared_group("awq", group_size, group, k)
+    group = group_size_of("scales", k, stored, declared=group_size)
     zeros_SN = unpack_words(qzeros, AWQ_UNPACK_ORDER)
     if tuple(zeros_SN.shape[-2:]) != (stored, n):
         raise ShapeError(

@@ -17,13 +17,11 @@ from core.formats.experts import split_experts
 from core.formats.projection import (
     NIBBLES_PER_WORD,
     Int4Projection,
-    check_declared_group,
     check_int32,
     check_ndim,
-    group_size_of,
     make_projection,
     pack_words,
-    rows_per_group_from_g_idx,
+    resolve_groups,
     unpack_words,
 )
 from core.packing import unpack_int4
@@ -63,7 +61,10 @@ def from_compressed_tensors(
         weight_zero_point: int32 ``(..., ceil(N/8), K/G)`` or ``None`` (symmetric).
         weight_shape: ``[..., N, K]``; without it ``K = 8 * weight_packed.shape[-1]``.
         weight_g_idx: optional ``(K,)`` group of each input column (``actorder="group"``).
-        group_size: declared group size (``-1``/``None``: from the shapes), checked.
+        group_size: declared group size (``-1``, or at least ``K`` with one scale
+            column: one group per row), checked against the shapes; ``None``: from
+            ``weight_g_idx`` or the shapes (see
+            :func:`~core.formats.projection.group_size_of`).
 
     Raises:
         ShapeError, DTypeError, ConfigError: on malformed or unrepresentable input.
@@ -78,8 +79,14 @@ def from_compressed_tensors(
             f"weight_scale must be (N={n}, K/G), got shape {tuple(weight_scale.shape)}"
         )
     stored = int(weight_scale.shape[-1])
-    group = group_size_of("weight_scale", k, stored)
-    check_declared_group("compressed-tensors", group_size, group, k)
+    group, rows_B = resolve_groups(
+        "weight_scale",
+        k,
+        stored,
+        declared=group_size,
+        g_idx=weight_g_idx,
+        g_idx_name="weight_g_idx",
+    )
     zero_NS = None if weight_zero_point is None else _unpack_zero(weight_zero_point, n)
     if zero_NS is not None and zero_NS.shape[-1] != stored:
         raise ShapeError(
@@ -87,8 +94,7 @@ def from_compressed_tensors(
             f"{tuple(weight_zero_point.shape) if weight_zero_point is not None else ()}"
         )
     scale_NS = weight_scale
-    if weight_g_idx is not None:
-        rows_B = rows_per_group_from_g_idx("weight_g_idx", weight_g_idx, group, stored)
+    if rows_B is not None:
         scale_NS = scale_NS[..., rows_B]
         zero_NS = None if zero_NS is None else zero_NS[..., rows_B]
     return make_projection(codes_NK, scale_NS, zero_NS, group)

@@ -24,6 +24,7 @@ def stack_projections(
 
     Raises:
         ShapeError: when the experts differ in shape or group size (named by index).
+        DTypeError: when they differ in scale dtype.
     """
     if not projections:
         raise ShapeError(f"{name}: need at least one expert, got none")
@@ -34,10 +35,15 @@ def stack_projections(
                 f"{name}: expert {e} has packed shape {tuple(p.qdata.shape)}, expected "
                 f"2-D {tuple(first.qdata.shape)} like expert 0"
             )
-        if p.group_size != first.group_size or p.scale.dtype != first.scale.dtype:
+        if p.group_size != first.group_size:
             raise ShapeError(
-                f"{name}: expert {e} has group_size={p.group_size} and scale dtype "
-                f"{p.scale.dtype}, expected {first.group_size} and {first.scale.dtype}"
+                f"{name}: expert {e} has group_size={p.group_size}, expected "
+                f"{first.group_size} like expert 0"
+            )
+        if p.scale.dtype != first.scale.dtype:
+            raise DTypeError(
+                f"{name}: expert {e} has scale dtype {p.scale.dtype}, expected "
+                f"{first.scale.dtype} like expert 0"
             )
     zeros = _zeros_or_none(
         [p.zero_point for p in projections], [p.scale for p in projections]
@@ -67,7 +73,12 @@ def _zeros_or_none(
 def concat_rows(
     name: str, first: Int4Projection, second: Int4Projection
 ) -> Int4Projection:
-    """Concatenate two projections along the output rows (gate then up)."""
+    """Concatenate two projections along the output rows (gate then up).
+
+    Raises:
+        ShapeError: when the leading dims, input dims or group sizes differ.
+        DTypeError: when the scale dtypes differ.
+    """
     if first.qdata.shape[:-2] != second.qdata.shape[:-2] or (
         first.in_features != second.in_features
     ):
@@ -75,10 +86,15 @@ def concat_rows(
             f"{name}: cannot stack rows of packed shapes {tuple(first.qdata.shape)} "
             f"and {tuple(second.qdata.shape)}"
         )
-    if first.group_size != second.group_size or first.scale.dtype != second.scale.dtype:
+    if first.group_size != second.group_size:
         raise ShapeError(
-            f"{name}: group sizes {first.group_size}/{second.group_size} and scale "
-            f"dtypes {first.scale.dtype}/{second.scale.dtype} must match"
+            f"{name}: both halves must have one group_size, got {first.group_size} "
+            f"and {second.group_size}"
+        )
+    if first.scale.dtype != second.scale.dtype:
+        raise DTypeError(
+            f"{name}: both halves must have one scale dtype, got {first.scale.dtype} "
+            f"and {second.scale.dtype}"
         )
     zeros = _zeros_or_none(
         [first.zero_point, second.zero_point], [first.scale, second.scale]

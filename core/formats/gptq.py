@@ -16,12 +16,10 @@ import torch
 from core.errors import ConfigError, ShapeError
 from core.formats.projection import (
     Int4Projection,
-    check_declared_group,
     check_int32,
     check_ndim,
-    group_size_of,
     make_projection,
-    rows_per_group_from_g_idx,
+    resolve_groups,
     unpack_words,
 )
 
@@ -73,9 +71,12 @@ def from_gptq(
         scales: ``(..., K/G, N)``.
         qzeros: int32 ``(..., K/G, N/8)``; ``None`` means symmetric (zero point 8).
         g_idx: optional ``(K,)`` scale row of each input column (see
-            :func:`~core.formats.projection.rows_per_group_from_g_idx`).
-        group_size: declared group size (``-1``: one group per row), checked
-            against the shapes.
+            :func:`~core.formats.projection.rows_per_group_from_g_idx`); without a
+            declared group size, the group size is where it first changes.
+        group_size: declared group size (``-1``, or at least ``K`` with one scale
+            row: one group per row), checked against the shapes; ``None``: from
+            ``g_idx`` or the shapes (see
+            :func:`~core.formats.projection.group_size_of`).
         symmetric: ``True`` requires every zero point to be 8 and drops them;
             ``None`` drops them when they all are 8; ``False`` keeps them.
         checkpoint_format: `gptq` (v1, stores ``z - 1``) or `gptq_v2`.
@@ -93,11 +94,11 @@ def from_gptq(
             f"scales must be (K/G, N) with N={n} from qweight, got {tuple(scales.shape)}"
         )
     stored = int(scale_NS.shape[-1])
-    group = group_size_of("scales", k, stored)
-    check_declared_group("gptq", group_size, group, k)
+    group, rows_B = resolve_groups(
+        "scales", k, stored, declared=group_size, g_idx=g_idx, g_idx_name="g_idx"
+    )
     zero_NS = _zeros(qzeros, n, stored, checkpoint_format)
-    if g_idx is not None:
-        rows_B = rows_per_group_from_g_idx("g_idx", g_idx, group, stored)
+    if rows_B is not None:
         scale_NS = scale_NS[..., rows_B]
         zero_NS = None if zero_NS is None else zero_NS[..., rows_B]
     zero_NS = _apply_symmetry(zero_NS, symmetric=symmetric)

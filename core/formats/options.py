@@ -4,8 +4,8 @@ Pure: parses plain dicts (the ``config.json`` entry) and dispatches to the GPTQ,
 and compressed-tensors importers. Imports only torch, attrs and core.
 """
 
-from collections.abc import Mapping
-from typing import Literal, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Literal, TypeAlias
 
 import attrs
 import torch
@@ -15,8 +15,22 @@ from core.formats.awq import from_awq
 from core.formats.compressed_tensors import from_compressed_tensors
 from core.formats.gptq import from_gptq
 from core.formats.projection import Int4Projection
+from core.formats.targets import select_config_group
 
 CheckpointFormat: TypeAlias = Literal["auto", "gptq", "awq", "compressed-tensors"]
+ImportFormat: TypeAlias = Literal["gptq", "awq", "compressed-tensors"]
+GPTQCheckpointFormat: TypeAlias = Literal["gptq", "gptq_v2"]
+
+_FORMATS: Final[dict[str, CheckpointFormat]] = {
+    "auto": "auto",
+    "gptq": "gptq",
+    "awq": "awq",
+    "compressed-tensors": "compressed-tensors",
+}
+_GPTQ_FORMATS: Final[dict[str, GPTQCheckpointFormat]] = {
+    "gptq": "gptq",
+    "gptq_v2": "gptq_v2",
+}
 
 SUFFIXES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # format: (required tensor suffixes, optional ones)
@@ -30,21 +44,71 @@ SUFFIXES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 """Tensor names under each projection, per format: (required, optional)."""
 
 
+def to_checkpoint_format(value: object, *, name: str = "format") -> CheckpointFormat:
+    """A format name, case-insensitive with ``_`` and ``-`` alike, as its canonical name.
+
+    Raises:
+        ConfigError: for anything but `auto`, `gptq`, `awq` or `compressed-tensors`.
+    """
+    key = _format_key(value)
+    found = _FORMATS.get(key)
+    if found is None:
+        raise ConfigError(
+            f"{name} must be `auto`, `gptq`, `awq` or `compressed-tensors` (`_` and `-` "
+            f"alike), got {value!r}{_gptq_hint(key)}"
+        )
+    return found
+
+
+def _format_key(value: object) -> str:
+    """Lower case, ``_`` as ``-``; ``""`` for a non-string (never a known name)."""
+    return value.strip().lower().replace("_", "-") if isinstance(value, str) else ""
+
+
+def _gptq_hint(key: str) -> str:
+    if key.startswith("gptq") and key != "gptq":
+        return " (GPTQ v1/v2 is the checkpoint_format of quantization_config)"
+    return ""
+
+
+def _to_import_format(value: str) -> ImportFormat:
+    key = _format_key(value)
+    found = _FORMATS.get(key)
+    if found is None or found == "auto":
+        raise ConfigError(
+            "FormatOptions.format must be `gptq`, `awq` or `compressed-tensors` (`_` "
+            f"and `-` alike), got {value!r}{_gptq_hint(key)}"
+        )
+    return found
+
+
+def _to_gptq_format(value: str) -> GPTQCheckpointFormat:
+    found = _GPTQ_FORMATS.get(value)
+    if found is None:
+        raise ConfigError(
+            f"GPTQ checkpoint_format must be `gptq` or `gptq_v2`, got {value!r}"
+        )
+    return found
+
+
 @attrs.frozen(kw_only=True)
 class FormatOptions:
     """What a checkpoint's ``quantization_config`` says about its int4 tensors.
 
     Attributes:
-        format: `gptq`, `awq` or `compressed-tensors`.
+        format: `gptq`, `awq` or `compressed-tensors` (normalised: ``GPTQ`` and
+            ``compressed_tensors`` are accepted; other names raise ``ConfigError``).
         group_size: declared group size (``-1``: whole rows; ``None``: from shapes).
         symmetric: declared symmetry, ``None`` when not said.
         checkpoint_format: GPTQ only: `gptq` (v1, zero points minus one) or `gptq_v2`.
     """
 
-    format: str
+    format: ImportFormat = attrs.field(converter=_to_import_format)
     group_size: int | None = None
     symmetric: bool | None = None
-    checkpoint_format: str = "gptq"
+    checkpoint_format: GPTQCheckpointFormat = attrs.field(
+        default="gptq", converter=_to_gptq_format
+    )
 
 
 def _method(config: Mapping[str, object]) -> str:
@@ -63,13 +127,25 @@ def _int4(name: str, bits: object) -> None:
 
 
 def parse_quantization_config(
-    config: Mapping[str, object] | None, fmt: CheckpointFormat
+    config: Mapping[str, object] | None,
+    fmt: CheckpointFormat = "auto",
+    *,
+    module_names: Sequence[str] = (),
 ) -> FormatOptions | None:
     """Options from ``quantization_config``; ``None`` when neither it nor ``fmt`` says.
 
+    Args:
+        config: the ``quantization_config`` entry of ``config.json``, or ``None``.
+        fmt: `auto` or a format name (see :func:`to_checkpoint_format`).
+        module_names: full module names of the expert projections; they choose the
+            compressed-tensors ``config_groups`` entry (see
+            :func:`~core.formats.targets.select_config_group`).
+
     Raises:
-        ConfigError: for a non-int4 or unknown layout, or when ``fmt`` contradicts it.
+        ConfigError: for an unknown ``fmt``, a non-int4 or unknown layout, or when
+            ``fmt`` contradicts ``config``.
     """
+    fmt = to_checkpoint_format(fmt)
     if config is None:
         return None if fmt == "auto" else FormatOptions(format=fmt)
     method = _method(config)
@@ -88,7 +164,7 @@ def parse_quantization_config(
         )
     if method == "awq":
         return _awq_options(config)
-    return _ct_options(config)
+    return _ct_options(config, module_names)
 
 
 def _opt_int(value: object) -> int | None:
@@ -110,45 +186,33 @@ def _awq_options(config: Mapping[str, object]) -> FormatOptions:
     return FormatOptions(format="awq", group_size=_opt_int(group))
 
 
-def _ct_options(config: Mapping[str, object]) -> FormatOptions:
-    groups = config.get("config_groups")
-    args = (
-        next(
-            (
-                g["weights"]
-                for g in groups.values()
-                if isinstance(g, dict) and g.get("weights")
-            ),
-            None,
-        )
-        if isinstance(groups, dict)
-        else None
-    )
-    if not isinstance(args, dict):
-        raise ConfigError(
-            "compressed-tensors quantization_config has no config_groups weights"
-        )
-    fmt = str(config.get("format", "pack-quantized"))
+def _ct_options(
+    config: Mapping[str, object], module_names: Sequence[str]
+) -> FormatOptions:
+    label, group = select_config_group(config, module_names=module_names)
+    where = f"compressed-tensors config_groups {label!r}"
+    args = group.get("weights")
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"{where} must have weights for the experts, got {args!r}")
+    fmt = str(group.get("format") or config.get("format", "pack-quantized"))
     if fmt != "pack-quantized":
-        raise ConfigError(
-            f"compressed-tensors format must be `pack-quantized`, got {fmt!r}"
-        )
-    _int4("config_groups weights num_bits", args.get("num_bits"))
+        raise ConfigError(f"{where} format must be `pack-quantized`, got {fmt!r}")
+    _int4(f"{where} weights num_bits", args.get("num_bits"))
     if args.get("type", "int") != "int" or args.get("strategy") not in (
         "group",
         "channel",
     ):
         raise ConfigError(
-            "compressed-tensors weights must be type `int` with strategy `group` or "
-            f"`channel`, got type={args.get('type')!r} strategy={args.get('strategy')!r}"
+            f"{where} weights must be type `int` with strategy `group` or `channel`, "
+            f"got type={args.get('type')!r} strategy={args.get('strategy')!r}"
         )
-    group = (
+    group_size = (
         -1 if args.get("strategy") == "channel" else _opt_int(args.get("group_size"))
     )
     sym = args.get("symmetric")
     return FormatOptions(
         format="compressed-tensors",
-        group_size=group,
+        group_size=group_size,
         symmetric=sym if isinstance(sym, bool) else None,
     )
 
@@ -156,26 +220,39 @@ def _ct_options(config: Mapping[str, object]) -> FormatOptions:
 def import_projection(
     opts: FormatOptions, t: Mapping[str, torch.Tensor]
 ) -> Int4Projection:
-    """Import one projection from its tensors by suffix (``qweight``, ``weight_packed``...)."""
-    if opts.format == "gptq":
-        fmt = opts.checkpoint_format
-        if fmt not in ("gptq", "gptq_v2"):
-            raise ConfigError(
-                f"GPTQ checkpoint_format must be `gptq` or `gptq_v2`, got {fmt!r}"
-            )
-        return from_gptq(
-            t["qweight"],
-            t["scales"],
-            t.get("qzeros"),
-            t.get("g_idx"),
-            group_size=opts.group_size,
-            symmetric=opts.symmetric,
-            checkpoint_format="gptq" if fmt == "gptq" else "gptq_v2",
+    """Import one projection from its tensors by suffix (``qweight``, ``weight_packed``...).
+
+    Raises:
+        ConfigError: when a tensor the format needs is missing (named).
+        ShapeError, DTypeError: from the format's importer, for malformed tensors.
+    """
+    required, _ = SUFFIXES[opts.format]
+    missing = [name for name in required if name not in t]
+    if missing:
+        raise ConfigError(
+            f"{opts.format} projection tensors must include {missing}, got {sorted(t)}"
         )
-    if opts.format == "awq":
-        return from_awq(
-            t["qweight"], t["scales"], t["qzeros"], group_size=opts.group_size
-        )
+    importer = _IMPORTERS[opts.format]
+    return importer(opts, t)
+
+
+def _import_gptq(opts: FormatOptions, t: Mapping[str, torch.Tensor]) -> Int4Projection:
+    return from_gptq(
+        t["qweight"],
+        t["scales"],
+        t.get("qzeros"),
+        t.get("g_idx"),
+        group_size=opts.group_size,
+        symmetric=opts.symmetric,
+        checkpoint_format=opts.checkpoint_format,
+    )
+
+
+def _import_awq(opts: FormatOptions, t: Mapping[str, torch.Tensor]) -> Int4Projection:
+    return from_awq(t["qweight"], t["scales"], t["qzeros"], group_size=opts.group_size)
+
+
+def _import_ct(opts: FormatOptions, t: Mapping[str, torch.Tensor]) -> Int4Projection:
     return from_compressed_tensors(
         t["weight_packed"],
         t["weight_scale"],
@@ -184,3 +261,11 @@ def import_projection(
         t.get("weight_g_idx"),
         group_size=opts.group_size,
     )
+
+
+_IMPORTERS: Final[
+    dict[
+        ImportFormat,
+        Callable[[FormatOptions, Mapping[str, torch.Tensor]], Int4Projection],
+    ]
+] = {"gptq": _import_gptq, "awq": _import_awq, "compressed-tensors": _import_ct}

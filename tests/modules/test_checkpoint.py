@@ -281,3 +281,64 @@ def test_formats_that_disagree_or_are_not_int4_are_refused(
         )
     with pytest.raises(ConfigError, match="no tensors under"):
         load_experts(state, prefix="model.layers.9.mlp", config=CFG)
+
+
+def _weights_args(
+    bits: int, *, symmetric: bool, group: int | None
+) -> dict[str, object]:
+    return {
+        "num_bits": bits,
+        "type": "int",
+        "symmetric": symmetric,
+        "strategy": "channel" if group is None else "group",
+        "group_size": group,
+    }
+
+
+def _two_groups(attention: dict[str, object], ignore: list[str]) -> dict[str, object]:
+    """Attention quantized by `attention` (listed first), experts int4 sym g32."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {"targets": ["re:.*self_attn.*"], "weights": attention},
+            "group_1": {
+                "targets": ["re:.*experts.*"],
+                "weights": _weights_args(4, symmetric=True, group=32),
+            },
+        },
+        "ignore": ignore,
+    }
+
+
+@pytest.mark.parametrize(
+    "attention",
+    [
+        _weights_args(8, symmetric=True, group=None),
+        _weights_args(4, symmetric=True, group=128),
+        _weights_args(4, symmetric=False, group=32),
+    ],
+    ids=["w8_channel", "w4_g128", "w4_asym_g32"],
+)
+def test_mixed_config_groups_read_the_experts_group(
+    generator: torch.Generator, attention: dict[str, object]
+) -> None:
+    w = _weights(generator, INT4_SYM_G32)
+    qc = _two_groups(attention, ["lm_head", "re:.*mlp.gate$"])
+    loaded = load_experts(
+        _ct_state(w), prefix=PREFIX, config=CFG, quantization_config=qc
+    )
+    _same(w, loaded.weights)
+    qc = _two_groups(attention, ["re:.*experts\\.2\\..*"])
+    with pytest.raises(ConfigError, match=r"leaves the expert module .*experts\.2\."):
+        load_experts(_ct_state(w), prefix=PREFIX, config=CFG, quantization_config=qc)
+
+
+def test_format_names_are_checked_and_normalised(generator: torch.Generator) -> None:
+    w = _weights(generator, INT4_SYM_G32)
+    for name in ("compressed_tensors", "Compressed-Tensors"):
+        loaded = load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format=name)  # type: ignore[arg-type]
+        assert loaded.format == "compressed-tensors"
+        _same(w, loaded.weights)
+    with pytest.raises(ConfigError, match=r"format must be `auto`.* got 'gptq_v2'"):
+        load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format="gptq_v2")  # type: ignore[arg-type]

@@ -261,3 +261,24 @@ def test_quantization_config_is_accepted_by_compressed_tensors() -> None:
         assert weights is not None
         assert weights.symmetric is not scheme.has_zero_point
         assert parsed.format == CompressionFormat.pack_quantized.value
+
+
+def test_partial_last_group_and_bad_g_idx_are_refused(
+    generator: torch.Generator,
+) -> None:
+    # K=96 with group 64: compressed-tensors stores ceil(96/64) = 2 scale columns.
+    signed = torch.randint(-8, 8, (8, 96), generator=generator, dtype=torch.int8)
+    packed = pack_to_int32(signed, 4)
+    scale = torch.rand(8, 2, generator=generator).to(torch.bfloat16)
+    shape = torch.tensor([8, 96])
+    with pytest.raises(ConfigError, match="implying group_size=48"):
+        from_compressed_tensors(packed, scale, None, shape)
+    by_group = torch.arange(96, dtype=torch.int32) // 64
+    with pytest.raises(
+        ShapeError, match="group size 64 does not divide the input dim 96"
+    ):
+        from_compressed_tensors(packed, scale, None, shape, by_group)
+    with pytest.raises(
+        ShapeError, match=r"weight_g_idx must have shape \(K,\) = \(96,\)"
+    ):
+        from_compressed_tensors(packed, scale, None, shape, by_group[:64])

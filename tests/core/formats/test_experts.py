@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from core.errors import ConfigError, ShapeError
+from core.errors import ConfigError, DTypeError, ShapeError
 from core.formats import (
     Int4Projection,
     assemble_experts,
@@ -113,3 +113,17 @@ def test_groups_without_one_supported_size_are_refused(
     w2 = Int4Projection(qdata=qdata, scale=qp.scale, zero_point=None, group_size=D)
     with pytest.raises(ConfigError, match="must be one supported size"):
         assemble_experts(w13, w2)
+
+
+def test_scale_dtype_mismatch_is_a_dtype_error(generator: torch.Generator) -> None:
+    bf16 = _proj(generator, F, D)
+    fp16 = Int4Projection(
+        qdata=bf16.qdata,
+        scale=bf16.scale.to(torch.float16),
+        zero_point=None,
+        group_size=32,
+    )
+    with pytest.raises(DTypeError, match=r"one scale dtype, got torch\.bfloat16"):
+        concat_rows("w13", bf16, fp16)
+    with pytest.raises(DTypeError, match=r"expert 1 has scale dtype torch\.float16"):
+        stack_projections("gate", [bf16, fp16])

@@ -178,3 +178,68 @@ def test_awq_group_size_that_does_not_divide_is_refused(
     qweight, qzeros = awq_pack(_codes(generator, K, N), _codes(generator, K // G, N))
     with pytest.raises(ShapeError, match="group_size=24 does not divide"):
         from_awq(qweight, _scales(generator), qzeros, group_size=24)
+
+
+def _partial_group_tensors(
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K=96 quantized with group 64: two scale rows, the last group partial."""
+    k = 96
+    codes, zeros = _codes(gen, k, N), _codes(gen, 2, N)
+    scales = (torch.rand(2, N, generator=gen) * 0.1 + 0.01).to(torch.float16)
+    return codes, zeros, scales, torch.arange(k, dtype=torch.int32) // 64
+
+
+def test_partial_last_group_is_refused_not_misread(
+    generator: torch.Generator,
+) -> None:
+    codes, zeros, scales, g_idx = _partial_group_tensors(generator)
+    qweight, qzeros = gptq_pack(codes, zeros, v1=False)
+    with pytest.raises(ConfigError, match="implying group_size=48"):
+        from_gptq(qweight, scales, qzeros, checkpoint_format="gptq_v2")
+    with pytest.raises(
+        ShapeError, match="group size 64 does not divide the input dim 96"
+    ):
+        from_gptq(qweight, scales, qzeros, g_idx, checkpoint_format="gptq_v2")
+    with pytest.raises(
+        ShapeError, match="group_size=64 does not divide the input dim 96"
+    ):
+        from_gptq(qweight, scales, qzeros, group_size=64, checkpoint_format="gptq_v2")
+    aw_qweight, aw_qzeros = awq_pack(codes, zeros)
+    with pytest.raises(ConfigError, match="implying group_size=48"):
+        from_awq(aw_qweight, scales, aw_qzeros)
+
+
+def test_gptq_g_idx_must_have_one_entry_per_input_column(
+    generator: torch.Generator,
+) -> None:
+    qweight, qzeros = gptq_pack(_codes(generator, K, N), torch.full((K // G, N), 8))
+    short = torch.arange(K // 2, dtype=torch.int32) // G
+    with pytest.raises(ShapeError, match=r"g_idx must have shape \(K,\) = \(64,\)"):
+        from_gptq(qweight, _scales(generator), qzeros, short)
+
+
+def test_declared_group_larger_than_k_with_one_row_is_exact(
+    generator: torch.Generator,
+) -> None:
+    # AutoGPTQ / AutoAWQ with group 128 on K=64 store ceil(64/128) = 1 scale row.
+    codes, zeros = (
+        _codes(generator, K, N),
+        torch.randint(1, 16, (1, N), generator=generator),
+    )
+    scales = (torch.rand(1, N, generator=generator) * 0.1 + 0.01).to(torch.float16)
+    qweight, qzeros = gptq_pack(codes, zeros)
+    proj = from_gptq(qweight, scales, qzeros, group_size=128)
+    assert proj.group_size == K
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T,
+        gptq_dequantize(qweight, scales, qzeros, [0] * K),
+        **EXACT,
+    )
+    aw_qweight, aw_qzeros = awq_pack(codes, zeros)
+    aw_proj = from_awq(aw_qweight, scales, aw_qzeros, group_size=128)
+    torch.testing.assert_close(
+        dequantize_projection(aw_proj, torch.float16).T,
+        awq_dequantize(aw_qweight, scales, aw_qzeros, K),
+        **EXACT,
+    )

@@ -1,0 +1,118 @@
+"""Format names, quantization_config parsing and import dispatch."""
+
+import pytest
+import torch
+
+from core.errors import ConfigError
+from core.formats import FormatOptions, import_projection, parse_quantization_config
+from core.formats.options import to_checkpoint_format
+from tests.core.formats.packers import (
+    dequantize_projection,
+    gptq_dequantize,
+    gptq_pack,
+)
+from tests.tolerances import EXACT
+
+INT4_G32 = {
+    "num_bits": 4,
+    "type": "int",
+    "symmetric": True,
+    "strategy": "group",
+    "group_size": 32,
+}
+EXPERTS = ["model.layers.0.mlp.experts.0.gate_proj", "model.layers.0.mlp.experts.0.w2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("auto", "auto"),
+        ("GPTQ", "gptq"),
+        ("awq", "awq"),
+        ("compressed_tensors", "compressed-tensors"),
+        ("Compressed-Tensors", "compressed-tensors"),
+    ],
+)
+def test_format_names_are_normalised(name: str, expected: str) -> None:
+    assert to_checkpoint_format(name) == expected
+
+
+@pytest.mark.parametrize("name", ["gptq_v2", "exl2", "", None])
+def test_unknown_format_names_are_config_errors(name: object) -> None:
+    with pytest.raises(ConfigError, match="format must be `auto`, `gptq`, `awq`"):
+        to_checkpoint_format(name)
+    with pytest.raises(ConfigError, match="format must be `auto`"):
+        parse_quantization_config(None, name)  # type: ignore[arg-type]
+
+
+def test_format_options_check_their_fields() -> None:
+    assert FormatOptions(format="compressed_tensors").format == "compressed-tensors"
+    with pytest.raises(ConfigError, match=r"FormatOptions\.format must be `gptq`"):
+        FormatOptions(format="auto")
+    with pytest.raises(ConfigError, match=r"FormatOptions\.format .* got 'gptq_v2'"):
+        FormatOptions(format="gptq_v2")
+    with pytest.raises(ConfigError, match="checkpoint_format must be `gptq` or"):
+        FormatOptions(format="gptq", checkpoint_format="marlin")
+
+
+def test_import_projection_dispatches_on_the_normalised_name(
+    generator: torch.Generator,
+) -> None:
+    codes = torch.randint(0, 16, (64, 16), generator=generator)
+    zeros = torch.randint(1, 16, (2, 16), generator=generator)
+    qweight, qzeros = gptq_pack(codes, zeros)
+    scales = (torch.rand(2, 16, generator=generator) + 0.1).to(torch.float16)
+    tensors = {"qweight": qweight, "scales": scales, "qzeros": qzeros}
+    proj = import_projection(FormatOptions(format="GPTQ"), tensors)
+    expected_KN = gptq_dequantize(
+        qweight, scales, qzeros, (torch.arange(64) // 32).tolist()
+    )
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+    with pytest.raises(
+        ConfigError, match=r"awq projection tensors must include \['qzeros'\]"
+    ):
+        import_projection(
+            FormatOptions(format="awq"), {"qweight": qweight, "scales": scales}
+        )
+    with pytest.raises(
+        ConfigError, match=r"must include \['weight_packed', 'weight_scale'\]"
+    ):
+        import_projection(FormatOptions(format="compressed-tensors"), tensors)
+
+
+def _mixed(int8_targets: list[str], int4_targets: list[str]) -> dict[str, object]:
+    """W8A16 for some modules and asymmetric W4A16 g32 for others, per-group formats."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "mixed-precision",
+        "config_groups": {
+            "group_0": {
+                "targets": int8_targets,
+                "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+                "format": "pack-quantized",
+            },
+            "group_1": {
+                "targets": int4_targets,
+                "weights": INT4_G32 | {"symmetric": False},
+                "format": "pack-quantized",
+            },
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def test_compressed_tensors_group_of_the_experts_is_read() -> None:
+    config = _mixed(["re:.*self_attn.*"], ["re:.*experts.*"])
+    opts = parse_quantization_config(config, "auto", module_names=EXPERTS)
+    assert opts == FormatOptions(
+        format="compressed-tensors", group_size=32, symmetric=False
+    )
+    assert parse_quantization_config(config) == opts  # the only int4 group
+    swapped = _mixed(["re:.*experts.*"], ["re:.*self_attn.*"])
+    with pytest.raises(
+        ConfigError,
+        match=r"'group_0' weights num_bits must be 4 for int4 experts, got 8",
+    ):
+        parse_quantization_config(swapped, "auto", module_names=EXPERTS)
