@@ -3,11 +3,12 @@
 Pure metadata (attrs, frozen, hashable). Imports only stdlib and attrs.
 """
 
+import math
 from typing import Literal, TypeAlias
 
 import attrs
 
-from core.errors import ConfigError
+from core.errors import ConfigError, ConfigTypeError
 
 Activation: TypeAlias = Literal["silu", "gelu", "gelu_tanh", "swigluoai"]
 ScoringFunc: TypeAlias = Literal["softmax", "sigmoid"]
@@ -15,11 +16,33 @@ ScoringFunc: TypeAlias = Literal["softmax", "sigmoid"]
 ACTIVATIONS: tuple[Activation, ...] = ("silu", "gelu", "gelu_tanh", "swigluoai")
 SCORING_FUNCS: tuple[ScoringFunc, ...] = ("softmax", "sigmoid")
 
-_positive = attrs.validators.and_(
-    attrs.validators.instance_of(int), attrs.validators.ge(1)
-)
-_optional_positive = attrs.validators.optional(_positive)
-_is_bool = attrs.validators.instance_of(bool)
+
+def _check_positive_int(name: str, value: object) -> None:
+    # `type(...) is int`: bool is an int subclass, and 2.0 == 2 would pass a range check.
+    if type(value) is not int:
+        raise ConfigTypeError(
+            f"{name} must be an int, got {type(value).__name__} {value!r}"
+        )
+    if value < 1:
+        raise ConfigError(f"{name} must be >= 1, got {value}")
+
+
+def _positive(_inst: object, attribute: "attrs.Attribute[int]", value: object) -> None:
+    _check_positive_int(attribute.name, value)
+
+
+def _optional_positive(
+    _inst: object, attribute: "attrs.Attribute[int | None]", value: object
+) -> None:
+    if value is not None:
+        _check_positive_int(attribute.name, value)
+
+
+def _is_bool(_inst: object, attribute: "attrs.Attribute[bool]", value: object) -> None:
+    if type(value) is not bool:
+        raise ConfigTypeError(
+            f"{attribute.name} must be a bool, got {type(value).__name__} {value!r}"
+        )
 
 
 def _one_of(allowed: tuple[str, ...]) -> "attrs._ValidatorType[str]":
@@ -34,8 +57,14 @@ def _one_of(allowed: tuple[str, ...]) -> "attrs._ValidatorType[str]":
 def _positive_float(
     _inst: object, attribute: "attrs.Attribute[float]", value: object
 ) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigTypeError(
+            f"{attribute.name} must be a number, got {type(value).__name__} {value!r}"
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            f"{attribute.name} must be a finite positive number, got {value!r}"
+        )
 
 
 @attrs.frozen(kw_only=True)

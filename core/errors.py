@@ -13,8 +13,19 @@ class ConfigError(Int4MoEError, ValueError):
     """A configuration or scheme value is invalid."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration or scheme value has the wrong Python type (``32.0`` for an int).
+
+    Also a ``TypeError``, the builtin for a wrong type, and a ``ConfigError``.
+    """
+
+
 class ShapeError(Int4MoEError, ValueError):
-    """A tensor has the wrong rank, size or layout."""
+    """A tensor has the wrong rank, size or layout, or values outside their range.
+
+    Out-of-range values are NaN/inf where finite weights are needed and int4 codes
+    outside ``0..15``.
+    """
 
 
 class DTypeError(Int4MoEError, TypeError):

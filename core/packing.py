@@ -7,6 +7,8 @@ import torch
 
 from core.errors import DTypeError, ShapeError
 
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """Pack int4 codes two per byte along the last dimension.
@@ -20,7 +22,11 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
     Raises:
         DTypeError: if ``codes`` is not an integer tensor.
-        ShapeError: if the last dimension is odd.
+        ShapeError: if the last dimension is odd, or a code is outside ``0..15``.
+
+    The range check reads the codes' min and max back to the host (one device sync),
+    which is fine where this runs: at quantize and checkpoint-import time, never per
+    forward call.
     """
     if (
         codes.dtype.is_floating_point
@@ -32,6 +38,12 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
         raise ShapeError(
             f"codes must have an even last dim, got shape {tuple(codes.shape)}"
         )
+    if codes.numel():
+        # uint16/32/64 have few kernels (no min/max on CPU): widen them first.
+        wide = codes.long() if codes.dtype in _WIDE_UNSIGNED else codes
+        lo, hi = torch.stack(torch.aminmax(wide)).tolist()
+        if lo < 0 or hi > 15:
+            raise ShapeError(f"codes must be in 0..15, got values in [{lo}, {hi}]")
     as_u8 = codes.to(torch.uint8)
     return (as_u8[..., 0::2] & 0xF) | ((as_u8[..., 1::2] & 0xF) << 4)
 

@@ -10,12 +10,19 @@ import torch
 from core.errors import ShapeError
 from core.packing import pack_int4, unpack_int4
 from core.scheme import Int4Scheme
+from core.validate import check_finite
 from core.weights import QParams, QuantizedExpertWeights
 
 _SYM_OFFSET = 8
-# amax / 7.5 with codes clamped to [-8, 7]: the largest magnitude lands on the clamp
-# edge, so every value is off by at most half a step (scale / 2 = amax / 15), which is
-# finer than the amax / 7 convention whose step is larger by 7%.
+# amax / 7.5 with codes clamped to [-8, 7] puts the largest magnitude on the clamp edge,
+# a step 7% finer than the amax / 7 convention's. With the exact scale every value is off
+# by at most half a step (scale / 2 = amax / 15). The stored scale is rounded to
+# scale_dtype (relative error up to u: 2^-8 bf16, 2^-11 fp16, 2^-24 fp32); rounded down,
+# values near +amax reach 7.5 / (1 - u) steps, clamp to 7 and are off by up to
+# 7.5 / (1 - u) - 7 steps of the stored scale: 0.5294 (bf16), 0.5037 (fp16). The rest
+# stay within half a step. Asymmetric: up to 0.5 + 15u / (1 - u) steps (0.5588 bf16).
+# All of this for scales that are normal numbers of scale_dtype, and up to the float32
+# rounding of w / scale (below 1e-6 of a step).
 _SYM_DIVISOR = 7.5
 
 
@@ -128,6 +135,27 @@ def quantize_tensor(
     return pack_int4(quantize(w_NK, qparams, scheme)), qparams
 
 
+def _check_expert_shapes(w13_weight: torch.Tensor, w2_weight: torch.Tensor) -> None:
+    """``w13_weight (E, 2F, D)`` and ``w2_weight (E, D, F)`` agree on E, D and F."""
+    w13, w2 = tuple(w13_weight.shape), tuple(w2_weight.shape)
+    if len(w13) != 3 or len(w2) != 3:
+        raise ShapeError(
+            "w13_weight and w2_weight must be 3-D (E, 2F, D) and (E, D, F), got shapes "
+            f"{w13} and {w2}"
+        )
+    e, d, f = w13[0], w13[2], w2[2]
+    if w2[:2] != (e, d):
+        raise ShapeError(
+            f"w2_weight must have shape (E, D, F) with E={e} and D={d} like w13_weight "
+            f"{w13}, got {w2}"
+        )
+    if w13[1] != 2 * f:
+        raise ShapeError(
+            f"w13_weight must have 2F={2 * f} rows for w2_weight {w2} (F={f}), "
+            f"got shape {w13}"
+        )
+
+
 def quantize_expert_weights(
     w13_weight: torch.Tensor,
     w2_weight: torch.Tensor,
@@ -144,13 +172,13 @@ def quantize_expert_weights(
         scale_dtype: dtype of the stored scales (the activation dtype).
 
     Raises:
-        ShapeError: on wrong ranks or sizes, or sizes the group size does not divide.
+        ShapeError: on wrong ranks, sizes that do not agree between ``w13_weight`` and
+            ``w2_weight``, sizes the group size does not divide, or NaN/inf values.
+        DTypeError: when a weight is not floating.
     """
-    if w13_weight.ndim != 3 or w2_weight.ndim != 3:
-        raise ShapeError(
-            "w13_weight and w2_weight must be 3-D (E, 2F, D) and (E, D, F), got shapes "
-            f"{tuple(w13_weight.shape)} and {tuple(w2_weight.shape)}"
-        )
+    _check_expert_shapes(w13_weight, w2_weight)
+    check_finite("w13_weight", w13_weight)
+    check_finite("w2_weight", w2_weight)
     w13_qdata, w13 = quantize_tensor(w13_weight, scheme, scale_dtype=scale_dtype)
     w2_qdata, w2 = quantize_tensor(w2_weight, scheme, scale_dtype=scale_dtype)
     return QuantizedExpertWeights(

@@ -8,6 +8,7 @@ import attrs
 import torch
 
 from core.config import MoEConfig
+from core.errors import ShapeError
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -61,6 +62,25 @@ def _mask_groups(
     return grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(t, e)
 
 
+def _check_routing_inputs(
+    router_logits_TE: torch.Tensor,
+    config: MoEConfig,
+    correction_bias: torch.Tensor | None,
+) -> None:
+    """Shapes only (metadata, no device sync): this runs on every forward."""
+    e = config.num_experts
+    if router_logits_TE.ndim != 2 or router_logits_TE.shape[1] != e:
+        raise ShapeError(
+            f"router_logits must have shape (T, num_experts={e}), "
+            f"got {tuple(router_logits_TE.shape)}"
+        )
+    if correction_bias is not None and tuple(correction_bias.shape) != (e,):
+        raise ShapeError(
+            f"correction_bias must have shape (num_experts={e},), "
+            f"got {tuple(correction_bias.shape)}"
+        )
+
+
 def route_topk(
     router_logits_TE: torch.Tensor,
     config: MoEConfig,
@@ -80,7 +100,12 @@ def route_topk(
 
     Returns:
         ``Routing`` with float32 weights and int64 ids.
+
+    Raises:
+        ShapeError: when ``router_logits_TE`` is not ``(T, num_experts)`` or
+            ``correction_bias`` not ``(num_experts,)``.
     """
+    _check_routing_inputs(router_logits_TE, config, correction_bias)
     scores_TE = score_logits(router_logits_TE, config)
     choice_TE = (
         scores_TE if correction_bias is None else scores_TE + correction_bias.float()

@@ -8,7 +8,7 @@ from typing import Final
 
 import attrs
 
-from core.errors import ConfigError, ShapeError
+from core.errors import ConfigError, ConfigTypeError, ShapeError
 
 SUPPORTED_GROUP_SIZES: Final = (32, 64, 128, 256, -1)
 
@@ -23,7 +23,28 @@ class Int4Mapping(str, enum.Enum):
     """``w = (q - z) * scale`` with one stored 4-bit zero point ``z`` per group."""
 
 
-def _check_group_size(_inst: object, _attr: object, value: int) -> None:
+def _to_mapping(value: "Int4Mapping | str") -> Int4Mapping:
+    """Converter: an ``Int4Mapping`` or its string value, else ``ConfigError``."""
+    raw: object = value  # untyped callers can pass anything
+    if isinstance(raw, Int4Mapping):
+        return raw
+    allowed = ", ".join(f"`{m.value}`" for m in Int4Mapping)
+    if not isinstance(raw, str):
+        raise ConfigTypeError(
+            f"mapping must be an Int4Mapping or one of {allowed}, "
+            f"got {type(raw).__name__} {raw!r}"
+        )
+    if raw not in {m.value for m in Int4Mapping}:
+        raise ConfigError(f"mapping must be one of {allowed}, got {raw!r}")
+    return Int4Mapping(raw)
+
+
+def _check_group_size(_inst: object, _attr: object, value: object) -> None:
+    # `type(...) is int`: 32.0 == 32 (and True == 1) would pass the membership test.
+    if type(value) is not int:
+        raise ConfigTypeError(
+            f"group_size must be an int, got {type(value).__name__} {value!r}"
+        )
     if value not in SUPPORTED_GROUP_SIZES:
         allowed = ", ".join(f"`{g}`" for g in SUPPORTED_GROUP_SIZES)
         raise ConfigError(f"group_size must be one of {allowed}, got {value!r}")
@@ -34,15 +55,19 @@ class Int4Scheme:
     """An int4 weight-only quantization scheme.
 
     Attributes:
-        mapping: symmetric (implicit zero point 8) or asymmetric (stored zero point).
+        mapping: symmetric (implicit zero point 8) or asymmetric (stored zero point);
+            an ``Int4Mapping`` or its value, `symmetric` or `asymmetric`.
         group_size: consecutive reduction-dimension elements that share one scale;
-            ``-1`` means one group per output row.
+            ``-1`` means one group per output row. An int (not ``32.0``) in
+            `32`, `64`, `128`, `256`, `-1`.
+
+    Raises:
+        ConfigError: on an unknown mapping or group size (``ConfigTypeError``, also a
+            ``TypeError``, when the value has the wrong type).
     """
 
     mapping: Int4Mapping = attrs.field(
-        default=Int4Mapping.SYMMETRIC,
-        converter=Int4Mapping,
-        validator=attrs.validators.instance_of(Int4Mapping),
+        default=Int4Mapping.SYMMETRIC, converter=_to_mapping
     )
     group_size: int = attrs.field(default=32, validator=_check_group_size)
 

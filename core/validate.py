@@ -16,8 +16,8 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def is_supported_group_size(group_size: int) -> bool:
-    """Whether ``group_size`` is one the library implements."""
-    return group_size in SUPPORTED_GROUP_SIZES
+    """Whether ``group_size`` is an int the library implements (``32.0`` is not)."""
+    return type(group_size) is int and group_size in SUPPORTED_GROUP_SIZES
 
 
 def check_activation_dtype(name: str, dtype: torch.dtype) -> None:
@@ -39,7 +39,10 @@ def check_hidden_states(hidden_states: torch.Tensor, config: MoEConfig) -> None:
 
 
 def check_finite(name: str, tensor: torch.Tensor) -> None:
-    """Raise ``ValueError`` (``ShapeError``) if ``tensor`` holds NaN or inf."""
+    """Raise ``ShapeError`` (a ``ValueError``) if ``tensor`` holds NaN or inf.
+
+    A tensor that is not floating raises ``DTypeError``.
+    """
     if not tensor.dtype.is_floating_point:
         raise DTypeError(f"{name} must be a floating tensor, got dtype {tensor.dtype}")
     bad = ~torch.isfinite(tensor)

@@ -44,3 +44,29 @@ def test_pack_rejects_float_codes() -> None:
 def test_unpack_rejects_non_uint8() -> None:
     with pytest.raises(DTypeError, match="qdata must be uint8"):
         unpack_int4(torch.zeros(4, 2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "found"),
+    [
+        ([3, 16], torch.uint8, r"\[3, 16\]"),
+        ([-1, 2], torch.int8, r"\[-1, 2\]"),
+        ([0, 255, 7, 1], torch.int64, r"\[0, 255\]"),
+        ([0, 300], torch.uint16, r"\[0, 300\]"),
+    ],
+    ids=["16", "negative", "255", "uint16"],
+)
+def test_pack_rejects_codes_outside_0_15(
+    values: list[int], dtype: torch.dtype, found: str
+) -> None:
+    # Without the check, 16 packed as 0 and -1 as 15: silently different weights.
+    with pytest.raises(
+        ShapeError, match=rf"codes must be in 0\.\.15, got values in {found}"
+    ):
+        pack_int4(torch.tensor(values).to(dtype))
+
+
+def test_pack_accepts_wide_unsigned_and_empty_codes() -> None:
+    codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint16)
+    assert pack_int4(codes).tolist() == [[0x21, 0x0F]]
+    assert pack_int4(torch.zeros(3, 0, dtype=torch.uint8)).shape == (3, 0)

@@ -3,15 +3,17 @@
 import pytest
 import torch
 
-from core.errors import ShapeError
+from core.errors import DTypeError, ShapeError
 from core.packing import unpack_int4
 from core.quantize import (
     choose_qparams,
     dequantize,
     dequantize_expert,
     dequantize_expert_weights,
+    dequantize_packed,
     quantize,
     quantize_expert_weights,
+    quantize_tensor,
 )
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, Int4Mapping, Int4Scheme
 from tests.dense import dequant_f64
@@ -26,12 +28,16 @@ ALL_SCHEMES = [
 
 @pytest.mark.parametrize("scheme", ALL_SCHEMES, ids=lambda s: s.name)
 def test_sqnr_floor(scheme: Int4Scheme, generator: torch.Generator) -> None:
+    # The tensors the floors in tests/tolerances.py were measured on. They are not one
+    # layer's w13 and w2 (F differs), so each is quantized on its own.
     w13 = torch.randn(4, 256, 512, generator=generator)
     w2 = torch.randn(4, 512, 256, generator=generator)
-    q = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.float32)
-    d13, d2 = dequantize_expert_weights(q)
-    assert sqnr_db(w13, d13) > SQNR_FLOOR_DB[scheme.name]
-    assert sqnr_db(w2, d2) > SQNR_FLOOR_DB[scheme.name]
+    for w in (w13, w2):
+        qdata, qparams = quantize_tensor(w, scheme, scale_dtype=torch.float32)
+        assert (
+            sqnr_db(w, dequantize_packed(qdata, qparams, scheme))
+            > (SQNR_FLOOR_DB[scheme.name])
+        )
 
 
 @pytest.mark.parametrize("scheme", ALL_SCHEMES, ids=lambda s: s.name)
@@ -39,10 +45,9 @@ def test_sqnr_floor(scheme: Int4Scheme, generator: torch.Generator) -> None:
 def test_dequantize_is_exact_and_requantize_is_idempotent(
     scheme: Int4Scheme, scale_dtype: torch.dtype, generator: torch.Generator
 ) -> None:
-    w13 = torch.randn(2, 64, 256, generator=generator) * 0.02
-    w2 = torch.randn(2, 256, 32, generator=generator) * 0.02
-    if scheme.group_size > 32:
-        w2 = torch.randn(2, 256, scheme.group_size, generator=generator) * 0.02
+    f = max(32, scheme.group_size)  # F must be a multiple of the group size
+    w13 = torch.randn(2, 2 * f, 256, generator=generator) * 0.02
+    w2 = torch.randn(2, 256, f, generator=generator) * 0.02
     q = quantize_expert_weights(w13, w2, scheme, scale_dtype=scale_dtype)
     assert q.w13_scale.dtype == scale_dtype
     # dequantize agrees bit for bit with an independent float64 formula (rounded to fp32)
@@ -102,9 +107,92 @@ def test_quantize_expert_weights_rejects_bad_shapes() -> None:
         ShapeError, match="weight last dim=48 must be divisible by group_size=32"
     ):
         quantize_expert_weights(
-            torch.zeros(1, 8, 48), torch.zeros(1, 48, 32), INT4_SYM_G32
+            torch.zeros(1, 64, 48), torch.zeros(1, 48, 32), INT4_SYM_G32
         )
     with pytest.raises(ShapeError, match="positive even number, got 33"):
         quantize_expert_weights(
-            torch.zeros(1, 8, 33), torch.zeros(1, 33, 32), Int4Scheme(group_size=-1)
+            torch.zeros(1, 64, 33), torch.zeros(1, 33, 32), Int4Scheme(group_size=-1)
         )
+
+
+@pytest.mark.parametrize(
+    ("w13_shape", "w2_shape", "message"),
+    [
+        ((2, 64, 64), (3, 64, 32), r"w2_weight must have shape \(E, D, F\) with E=2"),
+        ((2, 64, 64), (2, 96, 32), r"with E=2 and D=64 like w13_weight"),
+        ((2, 64, 64), (2, 64, 64), r"w13_weight must have 2F=128 rows .* \(F=64\)"),
+    ],
+)
+def test_quantize_expert_weights_rejects_disagreeing_sizes(
+    w13_shape: tuple[int, ...], w2_shape: tuple[int, ...], message: str
+) -> None:
+    with pytest.raises(ShapeError, match=message):
+        quantize_expert_weights(
+            torch.zeros(w13_shape), torch.zeros(w2_shape), INT4_SYM_G32
+        )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_quantize_expert_weights_rejects_non_finite(bad: float) -> None:
+    w13, w2 = torch.zeros(2, 64, 64), torch.zeros(2, 64, 32)
+    w2[1, 5, 7] = bad
+    with pytest.raises(
+        ShapeError,
+        match=r"w2_weight must be finite, got 1 NaN/inf values \(first at \(1, 5, 7\)\)",
+    ):
+        quantize_expert_weights(w13, w2, INT4_ASYM_G32)
+
+
+def test_quantize_expert_weights_rejects_integer_weights() -> None:
+    with pytest.raises(DTypeError, match="w13_weight must be a floating tensor"):
+        quantize_expert_weights(
+            torch.zeros(2, 64, 64, dtype=torch.int32),
+            torch.zeros(2, 64, 32),
+            INT4_SYM_G32,
+        )
+
+
+# Unit roundoff u of each scale dtype. core/quantize.py (at _SYM_DIVISOR) states the
+# symmetric worst case as 7.5 / (1 - u) - 7 steps of the stored scale.
+UNIT_ROUNDOFF = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}
+
+
+@pytest.mark.parametrize("scale_dtype", list(UNIT_ROUNDOFF), ids=str)
+def test_symmetric_error_bound_with_rounded_scales(
+    scale_dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    u = UNIT_ROUNDOFF[scale_dtype]
+    # Group 0: amax / 7.5 just below 1 + u, so the stored scale rounds down to 1 and
+    # +amax sits almost 7.5 / (1 - u) steps out; the other groups are random.
+    w = torch.randn(4, 128, generator=generator)
+    w[0, :32] = 0.0
+    w[0, 0] = 7.5 * (1 + u) * (1 - 2**-20)
+    qp = choose_qparams(w, INT4_SYM_G32, scale_dtype=scale_dtype)
+    codes = quantize(w, qp, INT4_SYM_G32)
+    # float64 dequantization written out here, independent of dequantize()
+    step = qp.scale.double().repeat_interleave(32, dim=-1)
+    err_steps = (w.double() - (codes.double() - 8) * step).abs() / step
+    # + 1e-6: quantize divides w / scale in float32 before rounding
+    bound = 7.5 / (1 - u) - 7 + 1e-6
+    assert float(err_steps.max()) <= bound
+    if scale_dtype != torch.float32:
+        # more than half a step, and close to the bound: the bound is tight
+        assert float(err_steps[0, 0]) > 0.5 + 0.99 * (bound - 0.5)
+    # values below 7.5 steps do not reach the clamp: within half a step
+    unclamped = w.double() / step < 7.5
+    assert float(err_steps[unclamped].max()) <= 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("scale_dtype", list(UNIT_ROUNDOFF), ids=str)
+def test_asymmetric_error_bound_with_rounded_scales(
+    scale_dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    u = UNIT_ROUNDOFF[scale_dtype]
+    w = torch.randn(256, 256, generator=generator) + 0.5
+    qp = choose_qparams(w, INT4_ASYM_G32, scale_dtype=scale_dtype)
+    assert qp.zero_point is not None
+    codes = quantize(w, qp, INT4_ASYM_G32)
+    step = qp.scale.double().repeat_interleave(32, dim=-1)
+    zero = qp.zero_point.double().repeat_interleave(32, dim=-1)
+    err_steps = (w.double() - (codes.double() - zero) * step).abs() / step
+    assert float(err_steps.max()) <= 0.5 + 15 * u / (1 - u) + 1e-6

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from core.config import MoEConfig
+from core.errors import ShapeError
 from core.routing import (
     Routing,
     count_tokens_per_expert,
@@ -112,3 +113,30 @@ def test_count_and_sort_tokens_by_expert() -> None:
     assert counts.tolist() == [1, 1, 3, 0]
     assert ids.flatten()[order].tolist() == [0, 1, 2, 2, 2, -1]
     assert order.tolist()[:5] == [1, 4, 0, 3, 5]  # stable within an expert
+
+
+@pytest.mark.parametrize(
+    ("shape", "got"),
+    [((3, 16), r"\(3, 16\)"), ((3, 4), r"\(3, 4\)"), ((2, 3, 8), r"\(2, 3, 8\)")],
+    ids=["too-many-experts", "too-few-experts", "3-D"],
+)
+def test_route_topk_rejects_logits_of_another_width(
+    shape: tuple[int, ...], got: str
+) -> None:
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=64)
+    with pytest.raises(
+        ShapeError,
+        match=rf"router_logits must have shape \(T, num_experts=8\), got {got}",
+    ):
+        route_topk(torch.zeros(shape), config)
+
+
+@pytest.mark.parametrize("shape", [(1,), (4,), (1, 8)], ids=str)
+def test_route_topk_rejects_correction_bias_of_another_shape(
+    shape: tuple[int, ...],
+) -> None:
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=64)
+    with pytest.raises(
+        ShapeError, match=r"correction_bias must have shape \(num_experts=8,\), got"
+    ):
+        route_topk(torch.zeros(3, 8), config, correction_bias=torch.zeros(shape))

@@ -6,7 +6,7 @@ import attrs
 import pytest
 
 from core.config import MoEConfig
-from core.errors import ConfigError, ShapeError
+from core.errors import ConfigError, ConfigTypeError, ShapeError
 from core.layout import CANONICAL_LAYOUT, PackingFormat
 from core.scheme import (
     INT4_ASYM_G32,
@@ -33,8 +33,26 @@ def test_scheme_converts_strings_and_rejects_bad_group() -> None:
     assert Int4Scheme(mapping="asymmetric").mapping is Int4Mapping.ASYMMETRIC
     with pytest.raises(ConfigError, match=r"group_size must be one of .* got 48"):
         Int4Scheme(group_size=48)
-    with pytest.raises(ValueError, match="'sym'"):
+    with pytest.raises(
+        ConfigError, match="mapping must be one of `symmetric`, `asymmetric`, got 'sym'"
+    ):
         Int4Scheme(mapping="sym")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"group_size": 32.0}, "group_size must be an int, got float 32.0"),
+        ({"group_size": True}, "group_size must be an int, got bool True"),
+        ({"mapping": 1}, "mapping must be an Int4Mapping or one of .* got int 1"),
+    ],
+)
+def test_scheme_wrong_types_are_config_type_errors(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigTypeError, match=message) as info:
+        Int4Scheme(**kwargs)
+    assert isinstance(info.value, TypeError)
 
 
 def test_scheme_is_frozen() -> None:
@@ -80,12 +98,12 @@ def _cfg(**kw: Any) -> MoEConfig:
         ({"num_expert_group": 4, "topk_group": 1, "top_k": 3}, "top_k=3 must be <="),
         (
             {"routed_scaling_factor": 0.0},
-            "routed_scaling_factor must be a positive number",
+            "routed_scaling_factor must be a finite positive number",
         ),
     ],
 )
 def test_config_rejects(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         _cfg(**kwargs)
 
 

@@ -1,0 +1,76 @@
+"""MoEConfig field validation: every bad value is an Int4MoEError naming the field."""
+
+from typing import Any
+
+import pytest
+
+from core.config import MoEConfig
+from core.errors import ConfigError, ConfigTypeError, Int4MoEError
+
+SIZES: dict[str, Any] = {
+    "num_experts": 8,
+    "top_k": 2,
+    "hidden_size": 64,
+    "intermediate_size": 64,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("top_k", 2.0, "top_k must be an int, got float 2.0"),
+        ("num_experts", True, "num_experts must be an int, got bool True"),
+        ("hidden_size", "64", "hidden_size must be an int, got str '64'"),
+        ("num_expert_group", 4.0, "num_expert_group must be an int, got float 4.0"),
+        ("renormalize", 1, "renormalize must be a bool, got int 1"),
+        ("expert_bias", None, "expert_bias must be a bool, got NoneType None"),
+        (
+            "routed_scaling_factor",
+            "2",
+            "routed_scaling_factor must be a number, got str '2'",
+        ),
+        ("swiglu_alpha", False, "swiglu_alpha must be a number, got bool False"),
+    ],
+)
+def test_wrong_types_are_config_type_errors(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigTypeError, match=message) as info:
+        MoEConfig(**{**SIZES, field: value})
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, ConfigError)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("num_experts", 0, "num_experts must be >= 1, got 0"),
+        ("intermediate_size", -64, "intermediate_size must be >= 1, got -64"),
+        ("topk_group", 0, "topk_group must be >= 1, got 0"),
+        (
+            "routed_scaling_factor",
+            float("inf"),
+            "routed_scaling_factor must be a finite positive number, got inf",
+        ),
+        (
+            "swiglu_limit",
+            float("nan"),
+            "swiglu_limit must be a finite positive number, got nan",
+        ),
+    ],
+)
+def test_bad_values_are_config_errors(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        MoEConfig(**{**SIZES, field: value})
+    assert not isinstance(info.value, TypeError)
+
+
+def test_config_type_error_is_both_builtins() -> None:
+    assert issubclass(ConfigTypeError, Int4MoEError)
+    assert issubclass(ConfigTypeError, ValueError)
+    assert issubclass(ConfigTypeError, TypeError)
+
+
+def test_ints_for_float_fields_are_accepted() -> None:
+    config = MoEConfig(**SIZES, routed_scaling_factor=2, swiglu_limit=7)
+    assert config.routed_scaling_factor == 2
