@@ -8,6 +8,7 @@ from core.config import MoEConfig as MoEConfig
 from core.errors import (
     BackendUnavailableError as BackendUnavailableError,
     ConfigError as ConfigError,
+    ConfigTypeError as ConfigTypeError,
     DeviceError as DeviceError,
     DTypeError as DTypeError,
     Int4MoEError as Int4MoEError,
