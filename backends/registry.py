@@ -168,8 +168,11 @@ def select_backend(
             return backend
         logger.debug("backend %s refused: %s", name, support.reason)
         reasons.append(f"{name}: {support.reason}")
-    what = f"backend {prefer!r}" if prefer != "auto" else "no registered backend"
+    who = (
+        "no registered backend can"
+        if prefer == "auto"
+        else f"backend {prefer!r} cannot"
+    )
     raise BackendUnavailableError(
-        f"{what} can run {scheme.name} with {dtype} on {device.type}: "
-        + "; ".join(reasons)
+        f"{who} run {scheme.name} with {dtype} on {device.type}: " + "; ".join(reasons)
     )

@@ -6,18 +6,64 @@ from collections.abc import Sequence
 
 import torch
 
+from core.scheme import Int4Scheme
 from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def _is_available(device_type: str) -> bool:
+    """Whether this machine has a ``device_type`` (`cpu`, `cuda`, `xpu`) device."""
+    if device_type == "cpu":
+        return True
+    module = getattr(torch, device_type, None)
+    return bool(module is not None and module.is_available())
+
+
 def _best_device() -> str:
-    if torch.cuda.is_available():
-        return "cuda"
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return "xpu"
-    return "cpu"
+    return next(t for t in ("cuda", "xpu", "cpu") if _is_available(t))
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _scheme(text: str) -> Int4Scheme:
+    """``parse_scheme`` for argparse, which shows an ``ArgumentTypeError``'s reason."""
+    try:
+        return parse_scheme(text)
+    except ValueError as err:  # ConfigError and ShapeError are ValueErrors too
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _device(text: str) -> str:
+    """`auto`, or a `cpu` / `cuda[:N]` / `xpu[:N]` device this machine has."""
+    if text == "auto":
+        return _best_device()
+    device_type = text.partition(":")[0]
+    if device_type not in ("cpu", "cuda", "xpu"):
+        raise argparse.ArgumentTypeError(
+            f"must be `auto`, `cpu`, `cuda` or `xpu`, got {text!r}"
+        )
+    if not _is_available(device_type):
+        raise argparse.ArgumentTypeError(
+            f"must be a device this machine has, got {text!r} (no {device_type} "
+            "device is available)"
+        )
+    try:
+        torch.device(text)
+    except RuntimeError as err:
+        raise argparse.ArgumentTypeError(
+            f"must be a device string like `cuda:0`, got {text!r}"
+        ) from err
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,17 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="qwen3-30b-a3b",
         help="layer shape; `tiny` is a small one for quick checks",
     )
-    demo.add_argument("--tokens", type=int, default=16)
+    demo.add_argument("--tokens", type=_positive_int, default=16)
     demo.add_argument(
         "--scheme",
-        type=parse_scheme,
+        type=_scheme,
         default="sym-g32",
         help="e.g. sym-g32, asym-g128, sym-g-1",
     )
     demo.add_argument("--backend", default="auto")
-    demo.add_argument("--device", default="auto", help="auto, cpu, cuda, xpu")
+    demo.add_argument(
+        "--device", type=_device, default="auto", help="auto, cpu, cuda[:N], xpu[:N]"
+    )
     demo.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
-    demo.add_argument("--iters", type=int, default=10)
+    demo.add_argument("--iters", type=_positive_int, default=10)
     demo.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -59,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens=args.tokens,
         scheme=args.scheme,
         backend=args.backend,
-        device=_best_device() if args.device == "auto" else args.device,
+        device=args.device,
         dtype=_DTYPES[args.dtype],
         iters=args.iters,
         seed=args.seed,

@@ -50,23 +50,53 @@ def expert_map_size(config: MoEConfig, num_local_experts: int | None) -> int:
     return num_local_experts
 
 
+def default_expert_map(
+    num_experts: int, num_local_experts: int, device: torch.device | str | None
+) -> torch.Tensor:
+    """``(E,)`` int32: the first ``num_local_experts`` experts held here, ``-1`` after.
+
+    The contiguous split's first shard; a real map is loaded or passed in. It never
+    names a local id ``>= num_local_experts``.
+    """
+    emap = torch.full((num_experts,), -1, dtype=torch.int32, device=device)
+    emap[:num_local_experts] = torch.arange(
+        num_local_experts, dtype=torch.int32, device=device
+    )
+    return emap
+
+
+def check_expert_map(
+    expert_map: torch.Tensor, *, num_experts: int, num_local_experts: int
+) -> None:
+    """Raise unless ``expert_map`` is an integer ``(E,)`` of ``-1`` or local ids.
+
+    Raises:
+        ShapeError: on a wrong shape or a value outside ``[-1, num_local_experts)``.
+        DTypeError: unless int32 or int64.
+    """
+    check_shape("expert_map", expert_map, (num_experts,))
+    if expert_map.dtype not in (torch.int32, torch.int64):
+        raise DTypeError(
+            f"expert_map must be int32 or int64, got dtype {expert_map.dtype}"
+        )
+    if expert_map.is_meta or not expert_map.numel():
+        return  # a meta tensor has no values to check
+    low, high = int(expert_map.min()), int(expert_map.max())
+    if low < -1 or high >= num_local_experts:
+        raise ShapeError(
+            f"expert_map values must be -1 or local ids in [0, {num_local_experts}), "
+            f"got values in [{low}, {high}]"
+        )
+
+
 def local_experts(
     config: MoEConfig, weights: QuantizedExpertWeights, expert_map: torch.Tensor | None
 ) -> int:
     """Experts the weights hold, after checking ``expert_map`` (global to local, -1)."""
     if expert_map is None:
         return config.num_experts
-    check_shape("expert_map", expert_map, (config.num_experts,))
-    if expert_map.dtype not in (torch.int32, torch.int64):
-        raise DTypeError(
-            f"expert_map must be int32 or int64, got dtype {expert_map.dtype}"
-        )
     local = weights.num_experts
-    if expert_map.numel() and (
-        int(expert_map.min()) < -1 or int(expert_map.max()) >= local
-    ):
-        raise ShapeError(
-            f"expert_map values must be -1 or local ids in [0, {local}), got values in "
-            f"[{int(expert_map.min())}, {int(expert_map.max())}]"
-        )
+    check_expert_map(
+        expert_map, num_experts=config.num_experts, num_local_experts=local
+    )
     return local

@@ -141,8 +141,11 @@ def float_layer_output(
 
 
 def _sync(device: str) -> None:
+    """Wait for the device's queued work, so timings cover it (CUDA and XPU)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+    elif device.startswith("xpu") and hasattr(torch, "xpu"):
+        torch.xpu.synchronize()
 
 
 def time_call(fn: Callable[[], torch.Tensor], options: DemoOptions) -> float:

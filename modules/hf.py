@@ -16,7 +16,7 @@ from torch import nn
 from core.config import Activation, MoEConfig
 from core.errors import ConfigError
 from core.scheme import INT4_SYM_G32, Int4Scheme
-from modules.checkpoint import Source, load_experts
+from modules.checkpoint import LoadedExperts, Source, load_experts
 from modules.int4_moe import Int4MoE
 
 Routing: TypeAlias = Literal["model", "config"]
@@ -30,6 +30,14 @@ _ACTIVATIONS: dict[str, Activation] = {
 }
 _ROUTERS = ("gate", "router")
 _SHARED = ("shared_expert", "shared_experts")
+_UNSUPPORTED: dict[str, str] = dict.fromkeys(
+    ("llama4", "llama4_text"),
+    "Llama-4 stores its experts as (E, D, 2F) and scales the input of its top-1 "
+    "expert by a sigmoid router score, which replace_moe_blocks does not implement",
+)
+_BLOCK_ALIASES = {"mlp": "block_sparse_moe", "block_sparse_moe": "mlp"}
+"""Other checkpoint name of a block: transformers >= 5 names Mixtral's
+``block_sparse_moe`` ``mlp`` when loading; its int4 checkpoints keep the old name."""
 
 
 def _get(config: Any, *names: str, default: Any = None) -> Any:
@@ -40,6 +48,15 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
+def _require(config: Any, *names: str) -> Any:
+    value = _get(config, *names)
+    if value is None:
+        raise ConfigError(
+            f"hf_config must set {' or '.join(names)} (a sparse MoE model's), got none"
+        )
+    return value
+
+
 def moe_config_from_hf(hf_config: Any) -> MoEConfig:
     """The :class:`MoEConfig` of one sparse MoE layer of a transformers model config.
 
@@ -48,7 +65,8 @@ def moe_config_from_hf(hf_config: Any) -> MoEConfig:
     softmax over the top-k logits equals a renormalized softmax).
 
     Raises:
-        ConfigError: for an activation int4-moe does not implement.
+        ConfigError: for an activation or model type int4-moe does not implement, or
+            a config without an expert count (a dense model).
     """
     cfg = (
         hf_config.get_text_config()
@@ -56,7 +74,13 @@ def moe_config_from_hf(hf_config: Any) -> MoEConfig:
         else hf_config
     )
     model_type = str(getattr(cfg, "model_type", ""))
-    num_experts = int(_get(cfg, "n_routed_experts", "num_local_experts", "num_experts"))
+    if model_type in _UNSUPPORTED:
+        raise ConfigError(
+            f"model_type {model_type!r} is not supported: {_UNSUPPORTED[model_type]}"
+        )
+    num_experts = int(
+        _require(cfg, "n_routed_experts", "num_local_experts", "num_experts")
+    )
     groups = _get(cfg, "n_group")
     grouped = groups is not None and int(groups) > 1
     act_name = str(_get(cfg, "hidden_act", default="silu"))
@@ -70,9 +94,11 @@ def moe_config_from_hf(hf_config: Any) -> MoEConfig:
         )
     return MoEConfig(
         num_experts=num_experts,
-        top_k=int(cfg.num_experts_per_tok),
-        hidden_size=int(cfg.hidden_size),
-        intermediate_size=int(_get(cfg, "moe_intermediate_size", "intermediate_size")),
+        top_k=int(_require(cfg, "num_experts_per_tok")),
+        hidden_size=int(_require(cfg, "hidden_size")),
+        intermediate_size=int(
+            _require(cfg, "moe_intermediate_size", "intermediate_size")
+        ),
         renormalize=bool(_get(cfg, "norm_topk_prob", default=True)),
         scoring_func="sigmoid" if model_type.startswith("deepseek_v3") else "softmax",
         activation=activation,
@@ -224,7 +250,8 @@ def _int4_experts(
 ) -> Int4MoE:
     router = next(getattr(block, r) for r in _ROUTERS if hasattr(block, r))
     bias = getattr(router, "e_score_correction_bias", None)
-    bias = bias.detach() if isinstance(bias, torch.Tensor) else None
+    # A copy: a buffer sharing the router's storage breaks safetensors saving.
+    bias = bias.detach().clone() if isinstance(bias, torch.Tensor) else None
     if checkpoint is None:
         w13, w2 = float_experts(block, model_type=model_type)
         w13_bias, w2_bias = float_expert_biases(block, model_type=model_type)
@@ -243,16 +270,53 @@ def _int4_experts(
         raise ConfigError(
             "loading gpt-oss int4 experts from a checkpoint is not supported"
         )
-    loaded = load_experts(
+    loaded = _load_block(
         checkpoint,
-        prefix=name,
-        config=config,
+        name,
+        config,
         quantization_config=quantization_config,
         device=_param(block.get_submodule("experts"), "gate_up_proj").device,
     )
     return Int4MoE.from_quantized(
         loaded.weights, config=config, backend=backend, e_score_correction_bias=bias
     )
+
+
+def _checkpoint_prefixes(name: str) -> list[str]:
+    """``name``, then its other checkpoint spelling (``mlp`` / ``block_sparse_moe``)."""
+    head, _, last = name.rpartition(".")
+    alias = _BLOCK_ALIASES.get(last)
+    if alias is None:
+        return [name]
+    return [name, f"{head}.{alias}" if head else alias]
+
+
+def _load_block(
+    checkpoint: Source,
+    name: str,
+    config: MoEConfig,
+    *,
+    quantization_config: Mapping[str, object] | None,
+    device: torch.device,
+) -> LoadedExperts:
+    """The block's experts under the first of its checkpoint prefixes that loads."""
+    prefixes = _checkpoint_prefixes(name)
+    errors: list[ConfigError] = []
+    for prefix in prefixes:
+        try:
+            return load_experts(
+                checkpoint,
+                prefix=prefix,
+                config=config,
+                quantization_config=quantization_config,
+                device=device,
+            )
+        except ConfigError as err:
+            errors.append(err)
+    raise ConfigError(
+        f"checkpoint must hold the experts of block {name!r}, got for each prefix: "
+        + "; ".join(f"{p!r}: {e}" for p, e in zip(prefixes, errors, strict=True))
+    ) from errors[0]
 
 
 def replace_moe_blocks(
@@ -269,7 +333,8 @@ def replace_moe_blocks(
     The routed experts are quantized (round to nearest, ``scheme``) from the model's
     float weights or, with ``checkpoint``, read from an int4 checkpoint (GPTQ, AWQ or
     compressed-tensors, per :func:`~modules.checkpoint.load_experts`, with the block's
-    name as prefix). Router and shared experts stay in float.
+    name as prefix, or Mixtral's ``block_sparse_moe`` for ``mlp``). Router and
+    shared experts stay in float.
 
     Args:
         model: a loaded model, e.g. ``MixtralForCausalLM``; its ``config`` describes
@@ -282,6 +347,11 @@ def replace_moe_blocks(
 
     Returns:
         The qualified names of the replaced blocks.
+
+    Raises:
+        ConfigError: for a model type without support (Llama-4), a config without
+            MoE layers, or a checkpoint without the block's experts (naming each
+            prefix tried and why it failed).
     """
     hf_config = getattr(model, "config", None)
     if hf_config is None:

@@ -7,7 +7,7 @@ May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` ex
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -31,9 +31,14 @@ from core.validate import (
     check_shape,
 )
 from core.weights import QuantizedExpertWeights
-from modules.buffers import canonical_buffer_specs, expert_map_size, local_experts
-
-_PreparedKey = tuple[torch.device, torch.dtype, torch.dtype, int]
+from modules.buffers import (
+    canonical_buffer_specs,
+    check_expert_map,
+    default_expert_map,
+    expert_map_size,
+    local_experts,
+)
+from modules.prepared import PreparedCache
 
 
 class Int4MoE(nn.Module):
@@ -47,19 +52,26 @@ class Int4MoE(nn.Module):
     elsewhere; then the int4 buffers hold ``num_local_experts`` experts).
 
     The backend is chosen on first use for the device and dtype of the input and its
-    prepared form is cached; it is rebuilt after ``load_state_dict`` and device or
-    dtype moves, and never saved.
+    prepared form is cached; it is rebuilt after ``load_state_dict``, device or dtype
+    moves, reassigning a weight buffer or setting ``backend``, and is never saved
+    (``state_dict``, pickling and ``torch.save(module)`` leave it out).
 
     Args:
         config: layer sizes, routing and activation.
         scheme: int4 scheme of the experts.
-        backend: `auto` or a registered backend name (``backends.available_backends()``).
+        backend: `auto` or a registered backend name (``backends.available_backends()``);
+            also settable later as ``moe.backend``, which is checked the same way.
         device: where to allocate the (empty) buffers.
         dtype: the scale and router dtype, normally the activation dtype.
         with_gate: allocate a float router ``gate_weight``.
         with_correction_bias: allocate ``e_score_correction_bias`` (DeepSeek-V3).
         num_local_experts: experts held here under expert parallelism (allocates
-            ``expert_map``); ``None`` holds all ``config.num_experts``.
+            ``expert_map``, at first the first ``num_local_experts`` experts and
+            ``-1`` for the rest, until a map is loaded); ``None`` holds all
+            ``config.num_experts``.
+
+    Raises:
+        BackendUnavailableError: for a backend name that is not registered.
     """
 
     def __init__(
@@ -79,10 +91,7 @@ class Int4MoE(nn.Module):
         check_activation_dtype("dtype", dtype)
         self.config = config
         self.scheme = scheme
-        self.backend = backend
-        if not is_known_backend(backend):
-            where = DeviceInfo.of(device if device is not None else "cpu")
-            check_backend_name(backend, config, scheme, where, dtype=dtype)
+        self._prepared: PreparedCache | None = None
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
             config, scheme, local, dtype
@@ -103,14 +112,12 @@ class Int4MoE(nn.Module):
             "e_score_correction_bias", bias if with_correction_bias else None
         )
         emap = (
-            torch.arange(e, dtype=torch.int32, device=device)
-            if num_local_experts
-            else None
+            None if num_local_experts is None else default_expert_map(e, local, device)
         )
         self.register_buffer("expert_map", emap)
-        self._prepared: tuple[_PreparedKey, MoEBackend, PreparedExperts] | None = None
-        self._load_version = 0
-        # torch leaves this public hook API unannotated.
+        self.backend = backend  # checked against the buffers' device
+        # torch leaves these public hook APIs unannotated.
+        self.register_load_state_dict_pre_hook(_check_loaded_expert_map)  # type: ignore[no-untyped-call]
         self.register_load_state_dict_post_hook(_invalidate_after_load)  # type: ignore[no-untyped-call]
 
     if TYPE_CHECKING:
@@ -150,13 +157,14 @@ class Int4MoE(nn.Module):
 
         Raises:
             ShapeError, DTypeError, DeviceError, ConfigError: on malformed input.
+            BackendUnavailableError: for a backend name that is not registered
+                (reported for the weights' device).
         """
         local = local_experts(config, weights, expert_map)
         check_expert_weights(weights, config, num_experts=local)
         module = cls(
             config,
             scheme=weights.scheme,
-            backend=backend,
             device="meta",
             dtype=weights.scale_dtype,
             with_gate=gate_weight is not None,
@@ -164,6 +172,7 @@ class Int4MoE(nn.Module):
             num_local_experts=local if expert_map is not None else None,
         )
         module._adopt(weights, gate_weight, e_score_correction_bias, expert_map)
+        module.backend = backend  # checked on the weights' device, not meta
         return module
 
     @classmethod
@@ -198,6 +207,7 @@ class Int4MoE(nn.Module):
 
         Raises:
             ShapeError: on wrong shapes or NaN/inf weights.
+            BackendUnavailableError: for a backend name that is not registered.
         """
         check_scheme(scheme, config)
         check_float_expert_weights(w13_weight, w2_weight, config)
@@ -314,14 +324,39 @@ class Int4MoE(nn.Module):
         return tensor
 
     @property
+    def backend(self) -> str:
+        """`auto` or the registered backend name asked for.
+
+        Setting it checks the name (``BackendUnavailableError`` for an unknown one,
+        with every backend's verdict on the weights' device) and drops the prepared
+        form, so the next call selects again.
+        """
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        if not is_known_backend(name):  # explain every backend's verdict, then raise
+            scale = self._buffer("w13_scale")
+            where = DeviceInfo.of(scale.device)
+            check_backend_name(name, self.config, self.scheme, where, dtype=scale.dtype)
+        self._backend = name
+        self.invalidate_prepared()
+
+    @property
     def backend_name(self) -> str | None:
         """Name of the backend serving the last forward (``None`` before the first)."""
-        return None if self._prepared is None else self._prepared[1].name
+        return None if self._prepared is None else self._prepared.backend.name
 
     def invalidate_prepared(self) -> None:
         """Drop the backend's prepared form (call after editing buffers in place)."""
         self._prepared = None
-        self._load_version += 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The prepared form is machine specific (packed for this CPU or GPU) and
+        # derived: pickles and deep copies leave it out and prepare again.
+        state = dict(self.__dict__)
+        state["_prepared"] = None
+        return state
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -343,7 +378,28 @@ class Int4MoE(nn.Module):
 
         Returns:
             ``(..., D)`` in the dtype of ``hidden_states``.
+
+        One prepared form is cached, for the last input device and dtype: calls that
+        alternate dtypes prepare again each time. Under ``torch.compile`` the layer
+        runs eagerly behind a graph break (so ``fullgraph=True`` cannot include it).
         """
+        if torch.compiler.is_compiling():
+            # Dynamo cannot trace the frozen attrs Routing (nor every backend's
+            # kernels): the layer runs eagerly behind a graph break. Made here, not at
+            # import, because ``disable`` imports Dynamo, which takes seconds.
+            eager: Callable[..., torch.Tensor] = torch.compiler.disable(  # type: ignore[no-untyped-call]  # torch leaves disable unannotated
+                Int4MoE._forward
+            )
+            return eager(self, hidden_states, router_logits, topk_weights, topk_ids)
+        return self._forward(hidden_states, router_logits, topk_weights, topk_ids)
+
+    def _forward(
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        topk_weights: torch.Tensor | None,
+        topk_ids: torch.Tensor | None,
+    ) -> torch.Tensor:
         check_hidden_states(hidden_states, self.config)
         self._check_device(hidden_states)
         hidden_TD = hidden_states.reshape(-1, self.config.hidden_size)
@@ -356,6 +412,7 @@ class Int4MoE(nn.Module):
             gate_weight=self.gate_weight,
             correction_bias=self._optional_buffer("e_score_correction_bias"),
             expert_map=self._optional_buffer("expert_map"),
+            token_shape=tuple(hidden_states.shape[:-1]),
         )
         if hidden_TD.shape[0] == 0:
             return torch.empty_like(hidden_states)
@@ -372,13 +429,10 @@ class Int4MoE(nn.Module):
 
     def _ready(self, dtype: torch.dtype) -> tuple[MoEBackend, PreparedExperts]:
         qdata = self._buffer("w13_qdata")
-        key = (qdata.device, dtype, self._buffer("w13_scale").dtype, self._load_version)
-        if (
-            self._prepared is not None
-            and self._prepared[0] == key
-            and self._same_storage()
-        ):
-            return self._prepared[1], self._prepared[2]
+        key = (qdata.device, dtype)
+        cache = self._prepared
+        if cache is not None and cache.is_current(key, self._buffers):
+            return cache.backend, cache.prepared
         backend = select_backend(
             self.config,
             self.scheme,
@@ -388,12 +442,10 @@ class Int4MoE(nn.Module):
             prefer=self.backend,
         )
         prepared = backend.prepare(self.weights, self.config, dtype=dtype)
-        self._prepared = (key, backend, prepared)
+        self._prepared = PreparedCache.from_buffers(
+            self._buffers, key=key, backend=backend, prepared=prepared
+        )
         return backend, prepared
-
-    def _same_storage(self) -> bool:
-        assert self._prepared is not None
-        return self._prepared[2].weights.w13_qdata is self._buffer("w13_qdata")
 
     def extra_repr(self) -> str:
         """Sizes, scheme, group size and backend."""
@@ -406,6 +458,22 @@ class Int4MoE(nn.Module):
             f"group_size={self.scheme.group_size}, activation={c.activation}, "
             f"backend={backend}"
         )
+
+
+def _check_loaded_expert_map(
+    module: nn.Module, state_dict: Mapping[str, Any], prefix: str, *_: object
+) -> None:
+    """Refuse a loaded ``expert_map`` naming experts this module does not hold."""
+    emap = state_dict.get(prefix + "expert_map")
+    if not isinstance(module, Int4MoE) or emap is None:
+        return
+    if module._optional_buffer("expert_map") is None:
+        return  # torch reports the unexpected key
+    check_expert_map(
+        emap,
+        num_experts=module.config.num_experts,
+        num_local_experts=module._buffer("w13_qdata").shape[0],
+    )
 
 
 def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:

@@ -173,7 +173,9 @@ class FakeXpuFusedMoe:
         assert topk_ids.dtype in (torch.int32, torch.int64)
         assert topk_ids.shape[1] == self.top_k
         assert hidden_states.dtype in (torch.bfloat16, torch.float16)
-        assert self.w13_scales.dtype == hidden_states.dtype  # scales in activation dtype
+        assert (
+            self.w13_scales.dtype == hidden_states.dtype
+        )  # scales in activation dtype
         assert int(topk_ids.min()) >= 0, "ids of -1 are outside the contract"
         self.applied.append((topk_weights.clone(), topk_ids.clone()))
         w13 = dequantize_signed(self.w13, self.w13_scales)

@@ -86,7 +86,11 @@ def test_auto_walks_priorities() -> None:
 
 def test_explicit_choice_raises_with_reason() -> None:
     _only_fakes()
-    with pytest.raises(BackendUnavailableError, match="fake-cuda: needs cuda, got cpu"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"^backend 'fake-cuda' cannot run int4_sym_g32 with torch\.bfloat16 on "
+        r"cpu: fake-cuda: needs cuda, got cpu$",
+    ):
         select_backend(
             CFG,
             INT4_SYM_G32,
@@ -102,7 +106,8 @@ def test_no_backend_joins_every_reason() -> None:
     unregister_backend("reference")
     with pytest.raises(
         BackendUnavailableError,
-        match="fake-cuda: symmetric only; fake-cpu: needs cpu, got cuda",
+        match=r"^no registered backend can run int4_asym_g32 with torch\.bfloat16 on "
+        r"cuda: fake-cuda: symmetric only; fake-cpu: needs cpu, got cuda$",
     ):
         select_backend(CFG, INT4_ASYM_G32, CANONICAL_LAYOUT, CUDA, dtype=torch.bfloat16)
 

@@ -7,7 +7,7 @@ import torch
 
 from core.scheme import INT4_ASYM_G128, INT4_SYM
 from modules.__main__ import build_parser, main
-from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo
+from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo, time_call
 
 
 def test_demo_reports_error_memory_speed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,3 +70,55 @@ def test_every_model_shape_is_valid_for_group_32() -> None:
     for config in MODELS.values():
         assert config.hidden_size % 32 == 0
         assert config.intermediate_size % 32 == 0
+
+
+def test_timing_waits_for_an_xpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[None] = []
+    monkeypatch.setattr(torch.xpu, "synchronize", lambda: synced.append(None))
+    options = DemoOptions(
+        model="tiny",
+        tokens=1,
+        scheme=INT4_SYM,
+        backend="auto",
+        device="xpu",
+        dtype=torch.bfloat16,
+        iters=3,
+    )
+    assert time_call(lambda: torch.zeros(1), options) >= 0
+    assert len(synced) == 2 * 3  # before and after each timed call
+
+
+def _absent_device() -> str | None:
+    return next(
+        (t for t in ("cuda", "xpu") if not getattr(torch, t).is_available()), None
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [
+        ("--tokens", "0", "argument --tokens: must be an integer >= 1, got '0'"),
+        ("--tokens", "-3", "argument --tokens: must be an integer >= 1, got '-3'"),
+        ("--iters", "0", "argument --iters: must be an integer >= 1, got '0'"),
+        (
+            "--scheme",
+            "sym-g33",
+            "argument --scheme: group_size must be one of `32`, `64`, `128`, `256`, "
+            "`-1`, got 33",
+        ),
+        ("--device", "mps", "must be `auto`, `cpu`, `cuda` or `xpu`, got 'mps'"),
+        ("--device", "absent", "must be a device this machine has, got"),
+    ],
+)
+def test_cli_refuses_bad_arguments_with_the_reason(
+    flag: str, value: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if value == "absent":
+        absent = _absent_device()
+        if absent is None:
+            pytest.skip("this machine has both a CUDA and an XPU device")
+        value = absent
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--model", "tiny", flag, value])
+    assert exit_info.value.code == 2
+    assert reason in capsys.readouterr().err

@@ -17,6 +17,9 @@ from transformers import (
     DeepseekV3ForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
+    LlamaConfig,
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedModel,
@@ -35,6 +38,7 @@ from modules import Int4MoE
 from modules.hf import (
     Int4SparseMoeBlock,
     Routing,
+    find_moe_blocks,
     moe_config_from_hf,
     replace_moe_blocks,
 )
@@ -283,16 +287,78 @@ def test_gpt_oss_biases_are_carried() -> None:
     torch.testing.assert_close(w2_bias, down_bias, **EXACT)
 
 
-def test_blocks_from_an_int4_checkpoint(generator: torch.Generator) -> None:
-    original = _build("qwen3_moe")
+def _as_mixtral_checkpoint_name(name: str) -> str:
+    """Mixtral's int4 checkpoints keep ``block_sparse_moe`` and ``w1 / w3 / w2``."""
+    name = name.replace(".mlp.", ".block_sparse_moe.")
+    for hf, mixtral in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        name = name.replace(f".{hf}.", f".{mixtral}.")
+    return name
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_blocks_from_an_int4_checkpoint(name: str, generator: torch.Generator) -> None:
+    original = _build(name)
     quantized = copy.deepcopy(original)
     names = replace_moe_blocks(quantized, scheme=INT4_ASYM_G32, backend="reference")
     state: dict[str, torch.Tensor] = {}
-    for name in names:
-        int4 = quantized.get_submodule(f"{name}.experts")
+    for block in names:
+        int4 = quantized.get_submodule(f"{block}.experts")
         assert isinstance(int4, Int4MoE)
-        state |= export_expert_weights(int4.weights, prefix=f"{name}.experts")
+        state |= export_expert_weights(int4.weights, prefix=f"{block}.experts")
+    if name == "mixtral":
+        state = {_as_mixtral_checkpoint_name(k): v for k, v in state.items()}
+        assert "model.layers.0.block_sparse_moe.experts.3.w2.weight_packed" in state
     loaded = copy.deepcopy(original)
     replace_moe_blocks(loaded, backend="reference", checkpoint=state)
     ids = torch.randint(0, 64, (2, 7), generator=generator)
     torch.testing.assert_close(_logits(loaded, ids), _logits(quantized, ids), **EXACT)
+
+
+def test_checkpoint_without_the_block_names_each_prefix_tried() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"block 'model.layers.0.mlp', got for each prefix: 'model.layers.0.mlp': "
+        r"no tensors under 'model.layers.0.mlp.experts.' in the checkpoint; "
+        r"'model.layers.0.block_sparse_moe': no tensors under",
+    ):
+        replace_moe_blocks(_build("mixtral"), checkpoint={"x": torch.zeros(1)})
+
+
+def test_deepseek_correction_bias_is_not_shared_with_the_router() -> None:
+    model = _build("deepseek_v3")
+    replace_moe_blocks(model, backend="reference")
+    router = _tensor(
+        model.get_submodule("model.layers.1.mlp.gate"), "e_score_correction_bias"
+    )
+    int4 = model.get_submodule("model.layers.1.mlp.experts")
+    assert isinstance(int4, Int4MoE)
+    bias = int4.get_buffer("e_score_correction_bias")
+    torch.testing.assert_close(bias, router.float(), **EXACT)
+    # shared storage makes safetensors (and save_pretrained) refuse the state dict
+    pointers = [t.untyped_storage().data_ptr() for t in model.state_dict().values()]
+    assert len(set(pointers)) == len(pointers)
+
+
+def test_models_without_support_are_refused_by_name() -> None:
+    dense = LlamaConfig(**COMMON, intermediate_size=64)
+    with pytest.raises(
+        ConfigError,
+        match="hf_config must set n_routed_experts or num_local_experts or "
+        "num_experts \\(a sparse MoE model's\\), got none",
+    ):
+        moe_config_from_hf(dense)
+    llama4 = Llama4ForCausalLM(
+        Llama4TextConfig(
+            **COMMON,
+            intermediate_size=32,
+            intermediate_size_mlp=64,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            head_dim=16,
+        )
+    )
+    assert find_moe_blocks(llama4)  # looks like the others, but is laid out otherwise
+    with pytest.raises(
+        ConfigError, match="model_type 'llama4_text' is not supported: Llama-4 stores"
+    ):
+        replace_moe_blocks(llama4)

@@ -1,0 +1,89 @@
+"""PreparedCache: a backend's prepared experts and the buffers they were built from.
+
+May import core and backends.
+"""
+
+from collections.abc import Mapping
+from typing import Final
+
+import attrs
+import torch
+
+from backends.base import MoEBackend, PreparedExperts
+
+WEIGHT_BUFFERS: Final = (
+    "w13_qdata",
+    "w13_scale",
+    "w13_zero_point",
+    "w2_qdata",
+    "w2_scale",
+    "w2_zero_point",
+    "w13_bias",
+    "w2_bias",
+)
+"""The Int4MoE buffers a backend's prepared form is built from."""
+
+PreparedKey = tuple[torch.device, torch.dtype]
+"""The input's device and dtype."""
+
+Buffers = Mapping[str, torch.Tensor | None]
+
+
+def _sources(buffers: Buffers) -> tuple[torch.Tensor | None, ...]:
+    return tuple(buffers.get(name) for name in WEIGHT_BUFFERS)
+
+
+def _data_ptrs(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
+    return tuple(0 if t is None else t.data_ptr() for t in sources)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class PreparedCache:
+    """A backend's prepared experts, valid while the weight buffers stay the same.
+
+    Attributes:
+        key: the input device and dtype it was prepared for.
+        sources: each of ``WEIGHT_BUFFERS`` (``None`` where absent) at prepare time;
+            held, so no other tensor can take their identity.
+        data_ptrs: their data pointers then (catches ``buffer.data = ...``).
+        backend: the backend chosen.
+        prepared: its prepared form.
+    """
+
+    key: PreparedKey
+    sources: tuple[torch.Tensor | None, ...]
+    data_ptrs: tuple[int, ...]
+    backend: MoEBackend
+    prepared: PreparedExperts
+
+    @classmethod
+    def from_buffers(
+        cls,
+        buffers: Buffers,
+        *,
+        key: PreparedKey,
+        backend: MoEBackend,
+        prepared: PreparedExperts,
+    ) -> "PreparedCache":
+        """Remember ``prepared`` as built from the weight tensors in ``buffers``."""
+        sources = _sources(buffers)
+        return cls(
+            key=key,
+            sources=sources,
+            data_ptrs=_data_ptrs(sources),
+            backend=backend,
+            prepared=prepared,
+        )
+
+    def is_current(self, key: PreparedKey, buffers: Buffers) -> bool:
+        """Whether it serves ``key`` from the very weight tensors it was built from.
+
+        Each buffer must be the same tensor on the same memory; in-place edits are
+        not seen (``Int4MoE.invalidate_prepared`` is for those).
+        """
+        now = _sources(buffers)
+        return (
+            key == self.key
+            and all(a is b for a, b in zip(now, self.sources, strict=True))
+            and _data_ptrs(now) == self.data_ptrs
+        )
