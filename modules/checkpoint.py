@@ -80,7 +80,13 @@ def _open_source(source: Source, device: torch.device | str) -> _Source:
 
 def _shard_map(path: Path) -> dict[str, Path]:
     """Tensor name to the file holding it (headers only; no tensor is read)."""
-    from safetensors import safe_open
+    try:
+        from safetensors import safe_open
+    except ImportError as err:
+        raise ImportError(
+            "reading checkpoint files needs safetensors: pip install 'int4-moe[hf]' "
+            "(or pass a state dict)"
+        ) from err
 
     if path.is_file():
         files = [path]

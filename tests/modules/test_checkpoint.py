@@ -1,6 +1,7 @@
 """Loading one MoE layer from safetensors files or state dicts, in every format."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -342,3 +343,11 @@ def test_format_names_are_checked_and_normalised(generator: torch.Generator) -> 
         _same(w, loaded.weights)
     with pytest.raises(ConfigError, match=r"format must be `auto`.* got 'gptq_v2'"):
         load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format="gptq_v2")  # type: ignore[arg-type]
+
+
+def test_files_without_safetensors_say_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import fails
+    with pytest.raises(ImportError, match=r"needs safetensors: pip install"):
+        load_experts(tmp_path, prefix=PREFIX, config=CFG)
