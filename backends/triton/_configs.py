@@ -130,6 +130,15 @@ against 0.069 / 0.197 / 0.404-0.435 for the words GEMM of the tile table (bench/
 RESULTS.md) and 0.069 / 0.212 / 0.463 for the byte GEMV. Of the tiles probed (64 x 128
 and 32 x 128 with 2 or 4 warps, 16 x 256, 32 x 256) this one was fastest or within 4%
 in every case."""
+GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
+"""Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
+experts below ``GEMV_WORDS_MIN_EXPERT``. Three launches instead of the grouped GEMM's
+five (no alignment): at M = 1 (bench/sweeps/probe_emulation_gemv_h200.log, ms)
+Qwen3-30B-A3B eager 0.063 vs 0.152 for the GEMM, graph-replayed 0.044 vs 0.042;
+Qwen3-235B eager 0.141 vs 0.190, replayed 0.107 vs 0.098. Larger experts stay on the
+GEMM, faster there both ways (Mixtral 0.188 vs 0.211-0.231 replayed, DeepSeek-V3 0.188
+vs 0.195-0.273). Of 16 x 128, 32 x 128, 16 x 256 (4 warps) and 8 x 256 (2 warps) this
+was fastest replayed on the three 128- and 256-expert models."""
 GEMV_WORDS_MIN_EXPERT: Final = 1 << 23
 """``hidden * intermediate`` from which the word GEMV also serves <= ``GEMV_FEW_PAIRS``
 pairs: Mixtral (58.7 M) and DeepSeek-V3 (14.7 M) gained, Qwen3-235B (6.3 M) and

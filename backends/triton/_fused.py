@@ -2,10 +2,12 @@
 
 May import core; triton only inside functions. Three paths compute the same layer:
 
-- ``gemv`` (int4, decode): two pair-major GEMVs (w2's K split across programs when
-  they are few) and the top-k sum, three launches; taken for a handful of pairs that
-  rarely share an expert (``use_gemv``). The GEMVs read bytes for up to 8 pairs of
-  small experts, else int32 words (``pick_gemv_tiles``).
+- ``gemv`` (decode): two pair-major GEMVs (w2's K split across programs when they
+  are few) and the top-k sum, three launches; taken for a handful of pairs that
+  rarely share an expert (``use_gemv``). On int4 the GEMVs read bytes for up to 8
+  pairs of small experts, else int32 words; on 16-bit weights (triton-emulation, up
+  to 8 pairs of small experts) they read the weights as they are
+  (``pick_gemv_tiles``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
   registers into the dot's register operand (the int4 table reads int32 words at
@@ -50,18 +52,28 @@ Path = Literal["auto", "gemm", "gemv", "dequant"]
 def use_gemv(
     num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
 ) -> bool:
-    """Decode rule: int4, <= one pair per two experts, and few pairs.
+    """Decode rule: <= one pair per two experts, and few pairs.
 
-    Few: <= ``GEMV_FEW_PAIRS``, or <= ``GEMV_MAX_PAIRS`` where w13 reads as int32
-    words (``int4_words_fit``). Then pairs rarely share an expert, so the pair-major
-    GEMV reads each used expert's bytes about once, without the GEMM's 16-row minimum
-    or its alignment.
+    Few: <= ``GEMV_FEW_PAIRS``, or for int4 <= ``GEMV_MAX_PAIRS`` where w13 reads as
+    int32 words (``int4_words_fit``). Then pairs rarely share an expert, so the
+    pair-major GEMV reads each used expert's weights about once, without the GEMM's
+    16-row minimum or its alignment (two fewer launches). 16-bit weights (emulation)
+    take it only for experts below ``GEMV_WORDS_MIN_EXPERT`` (see ``GEMV_16BIT``).
     """
-    if not (enabled and w13.is_int4 and 2 * num_pairs <= int(w13.data.shape[0])):
+    if not (enabled and 2 * num_pairs <= int(w13.data.shape[0])):
         return False
+    if not w13.is_int4:
+        small = _expert_size(w13) < configs.GEMV_WORDS_MIN_EXPERT
+        return small and num_pairs <= configs.GEMV_FEW_PAIRS
     if num_pairs <= configs.GEMV_FEW_PAIRS:
         return True
     return num_pairs <= configs.GEMV_MAX_PAIRS and int4_words_fit(w13)
+
+
+def _expert_size(w13: ExpertMatrix) -> int:
+    """``hidden * intermediate`` of ``w13`` ``(E, 2F, D/2)`` int4 or ``(E, 2F, D)``."""
+    rows, cols = int(w13.data.shape[1]), int(w13.data.shape[2])
+    return rows * cols if w13.is_int4 else rows * cols // 2
 
 
 def use_dequant(num_pairs: int, w13: ExpertMatrix) -> bool:
@@ -89,16 +101,18 @@ def pick_tiles(
 
 
 def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
-    """GEMV tiles: bytes for a handful of pairs of small experts, else int32 words.
+    """GEMV tiles: ``GEMV_16BIT``, or for int4 bytes or int32 words.
 
+    int4: bytes for a handful of pairs of small experts, else int32 words;
     ``GEMV_WORDS`` falls back to the byte kernel where the weights are not whole
     aligned words (``int4_words_fit``).
     """
     if is_interpreting():
         return configs.GEMV_INTERPRETER
-    expert = int(w13.data.shape[1]) * int(w13.data.shape[2])  # hidden * intermediate
+    if not w13.is_int4:
+        return configs.GEMV_16BIT
     few = num_pairs <= configs.GEMV_FEW_PAIRS
-    if few and expert < configs.GEMV_WORDS_MIN_EXPERT:
+    if few and _expert_size(w13) < configs.GEMV_WORDS_MIN_EXPERT:
         return configs.GEMV_FEW
     return configs.GEMV_WORDS
 
@@ -111,9 +125,7 @@ def _gemv_moe(
     config: MoEConfig,
     tiles: GemvTiles | None,
 ) -> torch.Tensor:
-    """The ``gemv`` path: two pair-major int4 GEMVs and the top-k sum."""
-    if not w13.is_int4 or not w2.is_int4:
-        raise DTypeError("the gemv path needs int4 (uint8) weights, got 16-bit weights")
+    """The ``gemv`` path: two pair-major GEMVs (int4 or 16-bit) and the top-k sum."""
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
     chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs, w13)

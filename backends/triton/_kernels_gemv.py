@@ -1,4 +1,6 @@
-"""Triton decode kernel of triton-w4a16: the pair-major int4 GEMV (``@triton.jit`` only).
+"""Triton decode kernels: the pair-major int4 GEMV on bytes, and on 16-bit weights.
+
+``@triton.jit`` only.
 
 The typed host wrapper is ``_launch_gemv`` in ``_launch.py``; names as in
 ``_kernels.py`` (``N`` output columns, ``K`` reduction, one program per routed pair
@@ -141,6 +143,25 @@ def _moe_gemv_kernel(
                 packed_up, x_even3, x_odd3, x_sum, s_e, z_e,
                 up_rows * stride_sn + offs_g[None, :], g_mask, HAS_ZP, BLOCK_N, NG, GK,
             )  # fmt: skip
+    _gemv_store(
+        acc, acc_up, c_ptr, topk_weights_ptr, bias_ptr, p, e, pid_s, offs_n, n_mask,
+        N, alpha, limit, stride_cs, stride_cm, stride_bias,
+        GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _gemv_store(
+    acc, acc_up, c_ptr, topk_weights_ptr, bias_ptr, p, e, pid_s, offs_n, n_mask,
+    N, alpha, limit, stride_cs, stride_cm, stride_bias,
+    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_ROWS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """The GEMVs' epilogue: ``C[s, p, n] = act(w acc + bias, w acc_up + bias_up)``.
+
+    ``w`` is pair ``p``'s router weight with ``WEIGHT_ROWS`` (else 1); the bias
+    (``HAS_BIAS``) is added in K split 0 only; ungated: ``acc`` (+ bias) as it is.
+    """
     if WEIGHT_ROWS:
         rw = tl.load(topk_weights_ptr + p)
         acc = acc * rw
@@ -181,3 +202,51 @@ def _gemv_step(
     else:
         z = tl.full([BLOCK_N, NG], 8.0, dtype=tl.float32)
     return tl.sum(s * (dot - z * x_sum[None, :]), axis=1)
+
+
+@triton.jit
+def _moe_gemv16_kernel(
+    a_ptr, b_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr,
+    N, K, k_per_split, alpha, limit,
+    stride_am, stride_be, stride_bn, stride_cs, stride_cm, stride_bias,
+    A_DIV: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
+    WEIGHT_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``_moe_gemv_kernel``'s contract on 16-bit weights (triton-emulation at decode).
+
+    Grid, K splits, ``GATED``, ``WEIGHT_ROWS`` and ``HAS_BIAS`` as there::
+
+        for each step: acc[n, k] += w[e, n, k] x[k]   (float32; gated: and up rows)
+        C[s, p, n] = act(sum_k acc, sum_k acc_up) if gated else sum_k acc
+    """
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p)
+    if e < 0:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    rows = offs_n.to(tl.int64)[:, None] * stride_bn
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * stride_bn
+    pid_s = tl.program_id(2)
+    k_lo = pid_s * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
+    b_e = b_ptr + e.to(tl.int64) * stride_be
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(b_e + rows + offs_k[None, :], mask=w_mask, other=0.0)
+        acc += w.to(tl.float32) * x
+        if GATED:
+            w_up = tl.load(b_e + up_rows + offs_k[None, :], mask=w_mask, other=0.0)
+            acc_up += w_up.to(tl.float32) * x
+    _gemv_store(
+        tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr,
+        bias_ptr, p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+    )  # fmt: skip

@@ -7,7 +7,7 @@
 import triton
 import triton.language as tl
 
-from backends.triton._kernels import _activate, _load_bias
+from backends.triton._kernels_gemv import _gemv_store
 
 _CODES_ASM = tl.constexpr("""{
 .reg .b32 h;
@@ -191,18 +191,8 @@ def _moe_gemv_words_kernel(
                 up_rows * stride_sn + g_col, s_mask,
                 x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_ZP, ASM,
             )  # fmt: skip
-    out = tl.sum(acc, axis=1)
-    out_up = tl.sum(acc_up, axis=1)
-    if WEIGHT_ROWS:
-        rw = tl.load(topk_weights_ptr + p)
-        out = out * rw
-        out_up = out_up * rw
-    if HAS_BIAS:  # after the input's router weight, in K split 0 only
-        bias_e = bias_ptr + e.to(tl.int64) * stride_bias
-        b, b_up = _load_bias(bias_e, offs_n, n_mask & (pid_s == 0), N, GATED)
-        out += b
-        out_up += b_up
-    if GATED:
-        out = _activate(out, out_up, alpha, limit, ACT)
-    c_ptrs = c_ptr + pid_s * stride_cs + p.to(tl.int64) * stride_cm + offs_n
-    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=n_mask)
+    _gemv_store(
+        tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr,
+        bias_ptr, p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+    )  # fmt: skip

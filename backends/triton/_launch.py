@@ -237,18 +237,17 @@ def launch_gemv(
     tiles: GemvTiles,
     split: int = 1,
 ) -> None:
-    """Launch the int4 decode GEMV writing ``out`` ``(N, n)``.
+    """Launch the decode GEMV writing ``out`` ``(N, n)``.
 
     With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
-    ``tiles.words`` and ``int4_words_fit``: ``_moe_gemv_words_kernel``, else the byte
-    kernel ``_moe_gemv_kernel``.
+    16-bit weights: ``_moe_gemv16_kernel``. int4: with ``tiles.words`` and
+    ``int4_words_fit`` ``_moe_gemv_words_kernel``, else the byte kernel
+    ``_moe_gemv_kernel``.
     """
-    assert b.scale is not None
     assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
     k = int(a_MK.shape[1])
     k_per_split = ceil_div(ceil_div(k, split), tiles.block_k) * tiles.block_k
-    zero = b.zero_point if b.zero_point is not None else b.scale
-    bias = b.bias if b.bias is not None else b.scale
+    bias = b.bias if b.bias is not None else b.data
     grid = (routing.topk_ids.numel(), ceil_div(n, tiles.block_n), split)
     common = (
         routing.topk_ids,
@@ -266,7 +265,18 @@ def launch_gemv(
         out.stride(-2),
         bias.stride(0),
     )
-    meta = _gemv_meta(b, tiles, routing=routing, config=config, gated=gated)
+    meta = _gemv_meta(tiles, routing=routing, config=config, gated=gated, bias=b.bias)
+    if not b.is_int4:
+        from backends.triton._kernels_gemv import _moe_gemv16_kernel
+
+        _moe_gemv16_kernel[grid](
+            a_MK, b.data, out, *common, b.data.stride(0), b.data.stride(1),
+            *out_strides, **meta,
+        )  # fmt: skip
+        return
+    assert b.scale is not None
+    zero = b.zero_point if b.zero_point is not None else b.scale
+    meta |= {"GROUP": b.group_size, "HAS_ZP": b.zero_point is not None}
     if tiles.words and int4_words_fit(b):
         from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
@@ -294,22 +304,20 @@ def launch_gemv(
 
 
 def _gemv_meta(
-    b: ExpertMatrix,
     tiles: GemvTiles,
     *,
     routing: Routing,
     config: MoEConfig,
     gated: bool,
+    bias: torch.Tensor | None,
 ) -> dict[str, object]:
-    """The meta-parameters both GEMV kernels take."""
+    """The meta-parameters every GEMV kernel takes (int4 ones add GROUP and HAS_ZP)."""
     return {
         "A_DIV": routing.top_k if gated else 1,
-        "GROUP": b.group_size,
-        "HAS_ZP": b.zero_point is not None,
         "GATED": gated,
         "ACT": _ACTIVATION_CODE[config.activation],
         "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
-        "HAS_BIAS": b.bias is not None,
+        "HAS_BIAS": bias is not None,
         "BLOCK_N": tiles.block_n,
         "BLOCK_K": tiles.block_k,
         "num_warps": tiles.num_warps,

@@ -148,13 +148,27 @@ def test_gemv_is_the_decode_rule() -> None:
     assert use_gemv(configs.GEMV_MAX_PAIRS, words, enabled=True)
     assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, words, enabled=True)
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
-    assert not use_gemv(1, dense, enabled=True)
+    assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
+    assert not use_gemv(5, dense, enabled=True)
+    dense_many = ExpertMatrix(data=torch.zeros(256, 4, 64, dtype=torch.bfloat16))
+    assert use_gemv(configs.GEMV_FEW_PAIRS, dense_many, enabled=True)
+    assert not use_gemv(configs.GEMV_FEW_PAIRS + 1, dense_many, enabled=True)
+
+    def dense_experts(d: int, f: int) -> ExpertMatrix:  # shape only, on "meta"
+        shape = (128, 2 * f, d)
+        return ExpertMatrix(
+            data=torch.empty(shape, dtype=torch.bfloat16, device="meta")
+        )
+
+    assert use_gemv(8, dense_experts(4096, 1536), enabled=True)  # Qwen3-235B: 6.3 M
+    assert not use_gemv(8, dense_experts(7168, 2048), enabled=True)  # DeepSeek: 14.7 M
     assert not use_gemv(1, w13, enabled=False)
     assert use_gemv(1, w13) is GEMV_BY_DEFAULT
 
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bytes for <= 8 pairs of small experts; int32 words for more or larger ones."""
+    """Bytes for <= 8 pairs of small experts; int32 words for more or larger ones;
+    16-bit weights their own tiles."""
     monkeypatch.setattr(fused, "is_interpreting", lambda: False)
 
     def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
@@ -171,6 +185,8 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fused.pick_gemv_tiles(9, w13(2048, 768)) is configs.GEMV_WORDS
     assert configs.GEMV_WORDS.words
     assert not configs.GEMV_FEW.words
+    dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
+    assert fused.pick_gemv_tiles(8, dense) is configs.GEMV_16BIT
 
 
 def test_dequant_is_the_prefill_rule() -> None:

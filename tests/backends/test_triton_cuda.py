@@ -14,7 +14,8 @@ from backends.triton import (
     TritonEmulationBackend,
     TritonW4A16Backend,
 )
-from backends.triton._launch import _ptx_target
+from backends.triton._fused import use_gemv
+from backends.triton._launch import ExpertMatrix, _ptx_target
 from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
@@ -223,3 +224,38 @@ def test_w4a16_group_per_row_with_small_k(dims: tuple[int, int], tokens: int) ->
 
 def test_w4a16_inline_ptx_targets_cuda_tensors() -> None:
     assert _ptx_target(torch.empty(1, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "swigluoai"])
+def test_emulation_decode_gemv(activation: Activation, dtype: torch.dtype) -> None:
+    """6 pairs over 16 experts: emulation's 16-bit GEMV (``_moe_gemv16_kernel``)."""
+    config = _config(e=16, k=2, activation=activation)
+    dense = ExpertMatrix(data=torch.empty(16, 2, 2, dtype=dtype))
+    assert use_gemv(6, dense)
+    _check("triton-emulation", config, SCHEMES[0], dtype, 3, drop=True)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(128, 8, 2048, 768), (128, 8, 4096, 1536), (8, 2, 4096, 14336)],
+    ids=["qwen3-30b", "qwen3-235b", "mixtral-gemm"],
+)
+def test_emulation_decode_model_shapes(size: tuple[int, int, int, int]) -> None:
+    """One token: the 16-bit GEMV for the Qwen3 shapes, the GEMM for Mixtral's."""
+    e, k, d, f = size
+    dense = ExpertMatrix(data=torch.empty(e, 2 * f, d, device="meta"))
+    assert use_gemv(k, dense) == (f < 14336)
+    _check("triton-emulation", _config(e, k, d, f), SCHEMES[2], torch.bfloat16, 1)
+
+
+def test_emulation_decode_gemv_graph_replay() -> None:
+    config, dtype = _config(e=32, k=4), torch.bfloat16
+    weights = int4_weights(config, SCHEMES[0], dtype, torch.Generator().manual_seed(9))
+    backend, prepared = _prepare("triton-emulation", weights, config, dtype)
+    hidden_TD = torch.randn(2, config.hidden_size, device="cuda").to(dtype)
+    routing = gpu_routing(config, 2)  # 8 pairs over 32 experts: the GEMV
+    check_graph_replays(
+        lambda: backend.apply(hidden_TD, prepared, routing),
+        hidden_TD, routing, weights, config,
+    )  # fmt: skip
