@@ -59,14 +59,103 @@ def test_dequantize_is_exact_and_requantize_is_idempotent(
     torch.testing.assert_close(codes, unpack_int4(q.w13_qdata), **EXACT)
 
 
-def test_codes_and_zero_points_in_range(generator: torch.Generator) -> None:
-    w = torch.randn(8, 64, generator=generator) + 3.0  # all-positive groups
-    qp = choose_qparams(w, INT4_ASYM_G32, scale_dtype=torch.float32)
+# (values of one group of 32, cycled; scale dtype; expected scale, zero point and code of
+# each value), worked out by hand from zero = round(-min(w, 0) / scale) and
+# code = round(w / scale) + zero, rounding half to even, both clamped to 0..15.
+RANGE_EDGE_CASES = {
+    "zero-and-negative": (
+        [-k / 8 for k in range(16)],
+        torch.bfloat16,
+        0.125,
+        15,
+        [15 - k for k in range(16)],
+    ),
+    "zero-and-positive": (
+        [k / 8 for k in range(16)],
+        torch.bfloat16,
+        0.125,
+        0,
+        list(range(16)),
+    ),
+    # -lo / scale = 7.5 rounds to 8, +7.5 to 8 as well: 16 before the clamp
+    "half-steps-at-both-ends": (
+        [-7.5, *range(-7, 8), 7.5],
+        torch.bfloat16,
+        1.0,
+        8,
+        [0, *range(1, 16), 15],
+    ),
+    # (hi - lo) / 15 = 1 + 2^-10 rounds down to a bf16 scale of 1: hi is 7.51 steps up
+    "bf16-scale-rounds-down": (
+        [-7.5, *range(-7, 8), 7.5 + 15 * 2**-10],
+        torch.bfloat16,
+        1.0,
+        8,
+        [0, *range(1, 16), 15],
+    ),
+    # zero = round(5.5) = 6 (half to even), and 9.5 rounds to 10: 16 before the clamp
+    "zero-point-rounds-half-to-even": (
+        [-5.5, *range(-5, 10), 9.5],
+        torch.bfloat16,
+        1.0,
+        6,
+        [0, *range(1, 16), 15],
+    ),
+    # 9 * 2^-26 is an fp16 subnormal and rounds to 2^-23: -lo / scale = 16.875
+    "fp16-subnormal-scale": (
+        [-135 * 2**-26, -(2**-23), 0.0],
+        torch.float16,
+        2**-23,
+        15,
+        [0, 14, 15],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RANGE_EDGE_CASES)
+def test_codes_and_zero_points_at_the_range_edges(case: str) -> None:
+    values, scale_dtype, scale, zero, codes = RANGE_EDGE_CASES[case]
+    index = torch.arange(32) % len(values)
+    w = torch.tensor(values, dtype=torch.float32)[index].reshape(1, 32)
+    qp = choose_qparams(w, INT4_ASYM_G32, scale_dtype=scale_dtype)
     assert qp.zero_point is not None
-    assert int(qp.zero_point.max()) <= 15
-    codes = quantize(w, qp, INT4_ASYM_G32)
+    assert qp.scale.dtype == scale_dtype
+    assert float(qp.scale) == scale
+    assert int(qp.zero_point) == zero
+    expected = torch.tensor(codes, dtype=torch.uint8)[index].reshape(1, 32)
+    torch.testing.assert_close(quantize(w, qp, INT4_ASYM_G32), expected, **EXACT)
+
+
+def test_one_signed_groups_put_the_zero_point_at_an_end(
+    generator: torch.Generator,
+) -> None:
+    """All-negative groups: zero point 15, min at code 0; all-positive: 0 and 15."""
+    magnitude = torch.rand(64, 128, generator=generator) + 0.01
+    sign = torch.ones(64, 1)
+    sign[:32] = -1.0
+    w = magnitude * sign
+    qp = choose_qparams(w, INT4_ASYM_G32, scale_dtype=torch.bfloat16)
+    assert qp.zero_point is not None
+    torch.testing.assert_close(
+        qp.zero_point[:32], torch.full((32, 4), 15, dtype=torch.uint8), **EXACT
+    )
+    torch.testing.assert_close(
+        qp.zero_point[32:], torch.zeros(32, 4, dtype=torch.uint8), **EXACT
+    )
+    codes = quantize(w, qp, INT4_ASYM_G32).reshape(64, 4, 32)
     assert int(codes.max()) <= 15
-    assert sqnr_db(w, dequantize(codes, qp, INT4_ASYM_G32)) > 20
+    end = torch.tensor([0] * 32 + [15] * 32, dtype=torch.uint8).reshape(64, 1)
+    # the group's largest magnitude lands on the end code
+    farthest = magnitude.reshape(64, 4, 32).argmax(dim=-1, keepdim=True)
+    torch.testing.assert_close(
+        codes.gather(-1, farthest).squeeze(-1), end.expand(64, 4), **EXACT
+    )
+    # and every value within the asymmetric bound of its float64 dequantization
+    u = UNIT_ROUNDOFF[torch.bfloat16]
+    step = qp.scale.double().unsqueeze(-1)
+    zero = qp.zero_point.double().unsqueeze(-1)
+    err_steps = (w.double().reshape(64, 4, 32) - (codes.double() - zero) * step) / step
+    assert float(err_steps.abs().max()) <= 0.5 + 15 * u / (1 - u) + 1e-6
 
 
 def test_zero_group_quantizes_to_exact_zero() -> None:

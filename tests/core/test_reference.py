@@ -102,6 +102,59 @@ def test_reference_activations_and_dtypes(
     _check(config, INT4_SYM_G128, 7, dtype, generator)
 
 
+def _assert_swiglu_clamps_bite(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    routing: Routing,
+    config: MoEConfig,
+    w13_bias: torch.Tensor | None = None,
+) -> None:
+    """Some routed gate pre-activation is above the limit, some up one outside +-limit.
+
+    float64 from the dequantized weights, so the case keeps exercising both clamps.
+    """
+    ids = routing.topk_ids.flatten()
+    tokens = torch.arange(x.shape[0]).repeat_interleave(routing.topk_ids.shape[1])
+    h = torch.einsum("nd,nhd->nh", x.double()[tokens], w13[ids])
+    if w13_bias is not None:
+        h = h + w13_bias.double()[ids]
+    gate, up = h.chunk(2, dim=-1)
+    limit = config.swiglu_limit
+    assert bool((gate > limit).any())
+    assert bool((up > limit).any())
+    assert bool((up < -limit).any())
+
+
+@pytest.mark.parametrize(
+    ("limit", "x_scale"), [(1.0, 1.0), (7.0, 8.0)], ids=["limit1", "default-limit"]
+)
+def test_reference_swigluoai_clamp(
+    limit: float, x_scale: float, generator: torch.Generator
+) -> None:
+    """The gpt-oss clamp against tests/dense.py's, on inputs that reach the limit."""
+    config = MoEConfig(
+        num_experts=8,
+        top_k=2,
+        hidden_size=64,
+        intermediate_size=64,
+        activation="swigluoai",
+        swiglu_limit=limit,
+    )
+    weights = _weights(8, 64, 64, INT4_ASYM_G32, generator, torch.float32)
+    x = torch.randn(16, 64, generator=generator) * x_scale
+    routing = route_topk(torch.randn(16, 8, generator=generator), config)
+    w13, w2 = _dense(weights)
+    _assert_swiglu_clamps_bite(x, w13, routing, config)
+    out = moe_forward_reference(x, weights, routing, config)
+    expected = dense_moe_f64(x, w13, w2, routing.topk_weights, routing.topk_ids, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32]
+    unclamped = attrs.evolve(config, swiglu_limit=1e30)
+    no_clamp = dense_moe_f64(
+        x, w13, w2, routing.topk_weights, routing.topk_ids, unclamped
+    )
+    assert rel_l2(expected, no_clamp) > 0.05  # the clamps matter in this case
+
+
 ROUTING_OPTIONS = [
     {"renormalize": False},
     {"scoring_func": "sigmoid"},
@@ -142,6 +195,7 @@ def test_reference_expert_biases(generator: torch.Generator) -> None:
         hidden_size=64,
         intermediate_size=64,
         activation="swigluoai",
+        swiglu_limit=1.0,  # so the clamp bites with the biases added
         expert_bias=True,
     )
     weights = attrs.evolve(
@@ -153,6 +207,7 @@ def test_reference_expert_biases(generator: torch.Generator) -> None:
     routing = route_topk(torch.randn(9, 8, generator=generator), config)
     out = moe_forward_reference(x, weights, routing, config)
     w13, w2 = _dense(weights)
+    _assert_swiglu_clamps_bite(x, w13, routing, config, weights.w13_bias)
     expected = dense_moe_f64(
         x,
         w13,

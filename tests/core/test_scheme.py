@@ -85,7 +85,6 @@ def _cfg(**kw: Any) -> MoEConfig:
     ("kwargs", "message"),
     [
         ({"top_k": 9}, "top_k must be <= num_experts=8, got 9"),
-        ({"num_experts": 0}, "num_experts"),
         ({"activation": "relu"}, "activation must be one of .* got 'relu'"),
         ({"scoring_func": "tanh"}, "scoring_func must be one of"),
         ({"apply_router_weight_on_input": True}, "needs top_k=1, got top_k=2"),

@@ -3,6 +3,7 @@
 import io
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from torch import nn
@@ -15,12 +16,12 @@ from core.errors import (
     DTypeError,
     ShapeError,
 )
-from core.quantize import dequantize_expert_weights, quantize_expert_weights
+from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference
-from core.routing import Routing, route_topk
+from core.routing import route_topk
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, INT4_SYM_G128, Int4Scheme
 from modules import Int4MoE
-from tests.dense import dense_moe_f64
+from tests.dense import dense_moe_f64, dequant_f64
 from tests.tolerances import (
     EXACT,
     LAYER_SQNR_FLOOR_DB,
@@ -38,6 +39,15 @@ def _float_weights(
     return torch.randn(e, 2 * f, d, generator=gen) * 0.05, torch.randn(
         e, d, f, generator=gen
     ) * 0.05
+
+
+def _dense(moe: Int4MoE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The module's w13 and w2 buffers dequantized by tests/dense.py, in float64."""
+    q = moe.weights  # the buffers themselves, not copies
+    return (
+        dequant_f64(q.w13_qdata, q.w13_scale, q.w13_zero_point),
+        dequant_f64(q.w2_qdata, q.w2_scale, q.w2_zero_point),
+    )
 
 
 def _module(
@@ -63,7 +73,7 @@ def test_forward_matches_float64_on_dequantized_weights(
     assert y.shape == x.shape
     assert y.dtype == dtype
     routing = route_topk(logits.reshape(15, 8), CFG)
-    w13, w2 = dequantize_expert_weights(moe.weights, dtype=torch.float64)
+    w13, w2 = _dense(moe)
     expected = dense_moe_f64(
         x.reshape(15, 128), w13, w2, routing.topk_weights, routing.topk_ids, CFG
     )
@@ -410,10 +420,13 @@ def test_apply_router_weight_on_input(generator: torch.Generator) -> None:
     x = torch.randn(6, 128, generator=generator)
     tw = torch.rand(6, 1, generator=generator)
     ids = torch.randint(0, 4, (6, 1), generator=generator)
-    w13q, w2q = dequantize_expert_weights(moe.weights, dtype=torch.float64)
+    w13q, w2q = _dense(moe)
     expected = dense_moe_f64(x, w13q, w2q, tw, ids, cfg)
-    assert rel_l2(expected, moe(x, topk_weights=tw, topk_ids=ids)) < 1e-5
-    assert isinstance(Routing(topk_weights=tw, topk_ids=ids), Routing)
+    out = moe(x, topk_weights=tw, topk_ids=ids)
+    assert rel_l2(expected, out) < 1e-5
+    # weighting the output instead gives another answer: the option is what is tested
+    on_output = attrs.evolve(cfg, apply_router_weight_on_input=False)
+    assert rel_l2(dense_moe_f64(x, w13q, w2q, tw, ids, on_output), out) > 0.05
 
 
 def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> None:
@@ -441,7 +454,7 @@ def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> Non
     x = torch.randn(6, 128, generator=generator)
     logits = torch.randn(6, 4, generator=generator)
     routing = route_topk(logits, cfg)
-    w13q, w2q = dequantize_expert_weights(moe.weights, dtype=torch.float64)
+    w13q, w2q = _dense(moe)
     expected = dense_moe_f64(
         x,
         w13q,

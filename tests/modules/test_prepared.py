@@ -4,27 +4,33 @@ import copy
 import io
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
+from backends.reference import ReferenceBackend
 from core.config import MoEConfig
 from core.errors import BackendUnavailableError
 from core.reference import moe_forward_reference
 from core.routing import route_topk
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, Int4Scheme
 from modules import Int4MoE
+from modules.prepared import WEIGHT_BUFFERS, PreparedCache
 from tests.tolerances import EXACT, KERNEL_VS_ORACLE
 
 CFG = MoEConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=64)
 
 
 def _module(
-    gen: torch.Generator, scheme: Int4Scheme = INT4_SYM_G32, **kw: Any
+    gen: torch.Generator,
+    scheme: Int4Scheme = INT4_SYM_G32,
+    config: MoEConfig = CFG,
+    **kw: Any,
 ) -> Int4MoE:
     w13 = torch.randn(8, 128, 128, generator=gen) * 0.05
     w2 = torch.randn(8, 128, 64, generator=gen) * 0.05
     return Int4MoE.from_float(
-        w13_weight=w13, w2_weight=w2, config=CFG, scheme=scheme, **kw
+        w13_weight=w13, w2_weight=w2, config=config, scheme=scheme, **kw
     )
 
 
@@ -51,32 +57,74 @@ def test_to_dtype_converts_scales_and_rebuilds(generator: torch.Generator) -> No
     torch.testing.assert_close(moe(x, router_logits=logits), expected, **EXACT)
 
 
-def _reassign(moe: Int4MoE, name: str) -> None:
+def _reassign(moe: Int4MoE, name: str, *, via_data: bool) -> None:
     """Replace one weight buffer by a changed tensor (not in place)."""
-    old = getattr(moe, name.removesuffix(".data"))
+    old = getattr(moe, name)
     new = old.roll(1, dims=1) if old.dtype == torch.uint8 else old * 2
-    if name.endswith(".data"):
-        old.data = new
+    if via_data:
+        old.data = new  # same tensor object, new memory
     else:
         setattr(moe, name, new)
 
 
-@pytest.mark.parametrize(
-    "name", ["w13_qdata", "w13_scale", "w13_zero_point", "w2_qdata", "w2_scale.data"]
-)
+# Every buffer a prepared form is built from: asymmetric (zero points) with biases.
+BIASED = attrs.evolve(CFG, expert_bias=True)
+
+
+@pytest.mark.parametrize("via_data", [False, True], ids=["setattr", "data"])
+@pytest.mark.parametrize("name", WEIGHT_BUFFERS)
 def test_reassigned_weights_are_prepared_again(
-    name: str, generator: torch.Generator
+    name: str, via_data: bool, generator: torch.Generator
 ) -> None:
-    moe = _module(generator, INT4_ASYM_G32)
+    moe = _module(
+        generator,
+        INT4_ASYM_G32,
+        config=BIASED,
+        w13_bias=torch.randn(8, 128, generator=generator) * 0.1,
+        w2_bias=torch.randn(8, 128, generator=generator) * 0.1,
+    )
+    assert name in dict(moe.named_buffers())  # the module holds every weight buffer
     x = torch.randn(6, 128, generator=generator, dtype=torch.bfloat16)
     logits = torch.randn(6, 8, generator=generator)
-    moe(x, router_logits=logits)
+    before = moe(x, router_logits=logits)
     assert moe.backend_name == "cpu-int4"  # packs its own copy at prepare
-    _reassign(moe, name)
-    expected = moe_forward_reference(x, moe.weights, route_topk(logits, CFG), CFG)
-    torch.testing.assert_close(
-        moe(x, router_logits=logits), expected, **KERNEL_VS_ORACLE[torch.bfloat16]
+    _reassign(moe, name, via_data=via_data)
+    routing = route_topk(logits, BIASED)
+    expected = moe_forward_reference(x, moe.weights, routing, BIASED)
+    tol = KERNEL_VS_ORACLE[torch.bfloat16]
+    # the change shows in the output, so serving the old weights fails the check below
+    assert not torch.allclose(before, expected, **tol)
+    torch.testing.assert_close(moe(x, router_logits=logits), expected, **tol)
+
+
+@pytest.mark.parametrize("via_data", [False, True], ids=["setattr", "data"])
+@pytest.mark.parametrize("name", WEIGHT_BUFFERS)
+def test_cache_is_stale_after_any_weight_buffer_changes(
+    name: str, via_data: bool, generator: torch.Generator
+) -> None:
+    """The cache itself sees every change, even where a forward cannot show it.
+
+    cpu-int4 reads the biases live, so after ``bias.data = ...`` a stale prepared
+    form still gives the right output and the test above passes either way.
+    """
+    moe = _module(
+        generator,
+        INT4_ASYM_G32,
+        config=BIASED,
+        w13_bias=torch.randn(8, 128, generator=generator),
+        w2_bias=torch.randn(8, 128, generator=generator),
     )
+    backend = ReferenceBackend()
+    key = (torch.device("cpu"), torch.bfloat16)
+    cache = PreparedCache.from_buffers(
+        dict(moe.named_buffers()),
+        key=key,
+        backend=backend,
+        prepared=backend.prepare(moe.weights, BIASED, dtype=torch.bfloat16),
+    )
+    assert cache.is_current(key, dict(moe.named_buffers()))
+    _reassign(moe, name, via_data=via_data)
+    assert not cache.is_current(key, dict(moe.named_buffers()))
 
 
 @pytest.mark.parametrize("how", ["torch.save", "deepcopy"])
