@@ -6,11 +6,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-# Without CUDA, Triton kernels run in Triton's CPU interpreter for the whole session. It
-# is set here, before any test module imports a kernel, so every test file (the
+# Without CUDA, Triton kernels run in Triton's CPU interpreter for the whole session,
+# whatever TRITON_INTERPRET the shell passed down (an inherited `0` would otherwise turn
+# every CPU Triton test into a skip). Triton reads it when a kernel is decorated, so it
+# is set here, before any test module imports triton or a kernel: every test file (the
 # conformance matrix included) sees the same backends whatever the collection order.
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from backends.registry import restore_registry, snapshot_registry
 

@@ -1,11 +1,17 @@
-"""One case matrix run against every registered backend that supports the case.
+"""One case matrix run against every registered backend, vs the float64 dense MoE.
 
-Ids read like ``cpu-int4-int4_asym_g32-T7_D128_F128_E8_K2-bf16-silu``. A backend that
-refuses a case is skipped with its own reason (STYLE.md: tests skip with that reason).
+Ids read like ``cpu-int4-int4_asym_g32-T7_D128_F128_E8_K2-bf16-silu``. Every backend,
+``reference`` included, is compared with ``tests.dense.dense_moe_f64`` on the
+dequantized weights (written apart from ``core``), never with ``moe_forward_reference``,
+so the reference rows check the oracle instead of comparing it with itself.
+``CPU_REFUSALS`` records which cases each backend must refuse on CPU: an expected
+refusal is skipped with the backend's own reason (STYLE.md), any other refusal fails.
 """
 
+import os
+import re
 import warnings
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import pytest
@@ -15,7 +21,6 @@ from backends import BackendWarning, DeviceInfo, available_backends, create_back
 from core.config import Activation, MoEConfig
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
-from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import (
     INT4_ASYM_G32,
@@ -25,6 +30,7 @@ from core.scheme import (
     Int4Scheme,
 )
 from core.weights import QuantizedExpertWeights
+from tests.dense import dense_moe_f64, dequant_f64
 from tests.tolerances import EXACT, REL_L2_VS_ORACLE, rel_l2
 
 SCHEMES = [INT4_SYM_G32, INT4_ASYM_G32, INT4_SYM, INT4_ASYM_G128]
@@ -35,6 +41,26 @@ SHAPES = [  # (T, D, F, E, K)
 ]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ACTIVATIONS: list[Activation] = ["silu", "gelu", "gelu_tanh", "swigluoai"]
+
+# conftest.py turns the interpreter on wherever no CUDA device exists; with CUDA the
+# Triton backends compile for the GPU and refuse a CPU device.
+_TRITON_ON_CPU: Final = os.environ.get("TRITON_INTERPRET") == "1"
+_TRITON_REFUSALS: Final = (
+    {torch.float32: r"dtype must be `torch\.bfloat16` or `torch\.float16`"}
+    if _TRITON_ON_CPU
+    else dict.fromkeys(DTYPES, r"device must be `cuda` or `xpu`")
+)
+CPU_REFUSALS: Final[dict[str, dict[torch.dtype, str]]] = {
+    "reference": {},  # every scheme, dtype and option on any device
+    "cpu-int4": {},  # every scheme of SCHEMES fits the kernel at every shape of SHAPES
+    "triton-w4a16": _TRITON_REFUSALS,
+    "triton-emulation": _TRITON_REFUSALS,
+    "xpu-fused": dict.fromkeys(DTYPES, r"device must be `xpu`, got `cpu`"),
+}
+"""Backend -> {dtype: pattern of the refusal it must give on CPU} for every case here.
+
+No backend may refuse a scheme of ``SCHEMES``, a shape of ``SHAPES`` or an option of
+``ROUTING``: a dtype missing from a backend's entry must run, whatever the case."""
 
 
 def _shape_id(shape: tuple[int, int, int, int, int]) -> str:
@@ -56,6 +82,26 @@ def _with_biases(
     )
 
 
+def _dense_f64(
+    x: torch.Tensor,
+    weights: QuantizedExpertWeights,
+    routing: Routing,
+    config: MoEConfig,
+) -> torch.Tensor:
+    """The float64 dense MoE on ``weights`` dequantized in float64 (``tests/dense.py``)."""
+    w = weights
+    return dense_moe_f64(
+        x,
+        dequant_f64(w.w13_qdata, w.w13_scale, w.w13_zero_point),
+        dequant_f64(w.w2_qdata, w.w2_scale, w.w2_zero_point),
+        routing.topk_weights,
+        routing.topk_ids,
+        config,
+        w13_bias=w.w13_bias,
+        w2_bias=w.w2_bias,
+    )
+
+
 def _run_case(
     backend_name: str,
     scheme: Int4Scheme,
@@ -70,8 +116,12 @@ def _run_case(
     support = backend.supports(
         config, scheme, CANONICAL_LAYOUT, DeviceInfo.of("cpu"), dtype=dtype
     )
-    if not support.ok:
+    refusal = CPU_REFUSALS[backend_name].get(dtype)
+    if refusal is not None:
+        assert not support.ok, f"{backend_name} now runs {dtype}: update CPU_REFUSALS"
+        assert re.search(refusal, support.reason), support.reason
         pytest.skip(support.reason)
+    assert support.ok, f"{backend_name} must run this case: {support.reason}"
     e, f, d = config.num_experts, config.intermediate_size, config.hidden_size
     w13 = torch.randn(e, 2 * f, d, generator=gen) / d**0.5
     w2 = torch.randn(e, d, f, generator=gen) / f**0.5
@@ -97,11 +147,11 @@ def _run_case(
         warnings.simplefilter("ignore", BackendWarning)
         prepared = backend.prepare(weights, config, dtype=dtype)
     out = backend.apply(x, prepared, routing)
-    expected = moe_forward_reference(x, weights, routing, config)
+    expected = _dense_f64(x, weights, routing, config)
     assert out.dtype == dtype
     assert out.shape == (tokens, d)
     assert bool(torch.isfinite(out).all())
-    assert rel_l2(expected.double(), out) < REL_L2_VS_ORACLE[dtype]
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
     for name, tensor in weights.tensors().items():
         torch.testing.assert_close(tensor, before[name], **EXACT)
 
@@ -158,3 +208,8 @@ def test_backend_experts_held_elsewhere(
         generator,
         drop_experts=True,
     )
+
+
+def test_refusal_table_names_every_registered_backend() -> None:
+    """A new backend gets an explicit row: what it must run on CPU is written down."""
+    assert set(CPU_REFUSALS) == set(available_backends())

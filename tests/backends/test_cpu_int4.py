@@ -1,4 +1,9 @@
-"""cpu-int4 against the float32 oracle on the same int4 weights, and its refusals."""
+"""cpu-int4 against the float64 dense MoE on the same int4 weights, and its refusals.
+
+fp32 and fp16 run ``moe_forward_reference``'s math (``ACTIVATION_DTYPES``), so every
+numerical check compares with ``tests.dense.dense_moe_f64`` (independent of ``core``);
+``test_fp32_fp16_run_the_reference_math_and_pack_nothing`` checks the delegation.
+"""
 
 import re
 
@@ -22,6 +27,7 @@ from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import Int4Mapping, Int4Scheme
 from core.weights import QuantizedExpertWeights
+from tests.dense import dense_moe_f64, dequant_f64
 from tests.tolerances import EXACT, KERNEL_VS_ORACLE, REL_L2_VS_ORACLE, rel_l2
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -78,20 +84,39 @@ def _make_inputs(
     return hidden, route_topk(logits, config)
 
 
-def _check_vs_oracle(
+def _dense_f64(
     config: MoEConfig,
     weights: QuantizedExpertWeights,
     hidden: torch.Tensor,
     routing: Routing,
 ) -> torch.Tensor:
+    """The float64 dense MoE on ``weights`` dequantized in float64 (``tests/dense.py``)."""
+    w = weights
+    return dense_moe_f64(
+        hidden,
+        dequant_f64(w.w13_qdata, w.w13_scale, w.w13_zero_point),
+        dequant_f64(w.w2_qdata, w.w2_scale, w.w2_zero_point),
+        routing.topk_weights,
+        routing.topk_ids,
+        config,
+    )
+
+
+def _check_vs_dense(
+    config: MoEConfig,
+    weights: QuantizedExpertWeights,
+    hidden: torch.Tensor,
+    routing: Routing,
+) -> torch.Tensor:
+    """cpu-int4's output against the float64 dense MoE, for every activation dtype."""
     backend = CPUInt4Backend()
     out = backend.apply(
         hidden, backend.prepare(weights, config, dtype=hidden.dtype), routing
     )
-    ref = moe_forward_reference(hidden, weights, routing, config)
+    ref = _dense_f64(config, weights, hidden, routing)
     assert out.dtype == hidden.dtype
     assert out.shape == ref.shape
-    torch.testing.assert_close(out, ref, **KERNEL_VS_ORACLE[hidden.dtype])
+    torch.testing.assert_close(out.double(), ref, **KERNEL_VS_ORACLE[hidden.dtype])
     if ref.numel():
         assert rel_l2(ref, out) < REL_L2_VS_ORACLE[hidden.dtype]
     return out
@@ -106,7 +131,7 @@ def test_matches_oracle_every_scheme(
     config = _make_config(4, 2, 256, 256)
     weights = _make_weights(config, scheme, dtype, generator)
     hidden, routing = _make_inputs(config, 9, dtype, generator)
-    _check_vs_oracle(config, weights, hidden, routing)
+    _check_vs_dense(config, weights, hidden, routing)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +146,7 @@ def test_matches_oracle_shapes(
     config = _make_config(e, k, 64, 96)
     weights = _make_weights(config, Int4Scheme(group_size=32), dtype, generator)
     hidden, routing = _make_inputs(config, t, dtype, generator)
-    _check_vs_oracle(config, weights, hidden, routing)
+    _check_vs_dense(config, weights, hidden, routing)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -133,7 +158,7 @@ def test_matches_oracle_activations(
     scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=64)
     weights = _make_weights(config, scheme, dtype, generator)
     hidden, routing = _make_inputs(config, 7, dtype, generator)
-    _check_vs_oracle(config, weights, hidden, routing)
+    _check_vs_dense(config, weights, hidden, routing)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
@@ -147,9 +172,9 @@ def test_minus_one_ids_contribute_zero(
     ids[::2, 0] = -1
     ids[3] = -1
     partial = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
-    out = _check_vs_oracle(config, weights, hidden, partial)
+    out = _check_vs_dense(config, weights, hidden, partial)
     torch.testing.assert_close(out[3], torch.zeros_like(out[3]), **EXACT)
-    full = _check_vs_oracle(config, weights, hidden, routing)
+    full = _check_vs_dense(config, weights, hidden, routing)
     assert not torch.equal(out[0], full[0])
 
 
@@ -161,7 +186,7 @@ def test_router_weight_on_input(dtype: torch.dtype, generator: torch.Generator) 
     # Renormalized top-1 weights are all 1; random ones make the two placements differ.
     weights_TK = 0.2 + 0.8 * torch.rand(routing.topk_ids.shape, generator=generator)
     scaled = Routing(topk_weights=weights_TK, topk_ids=routing.topk_ids)
-    on_input = _check_vs_oracle(config, weights, hidden, scaled)
+    on_input = _check_vs_dense(config, weights, hidden, scaled)
     on_output = _make_config(4, 1, 64, 64)
     backend = CPUInt4Backend()
     prepared = backend.prepare(weights, on_output, dtype=dtype)
@@ -173,7 +198,7 @@ def test_scales_in_another_dtype_than_activations(generator: torch.Generator) ->
     config = _make_config(4, 2, 64, 64)
     weights = _make_weights(config, Int4Scheme(group_size=32), torch.float32, generator)
     hidden, routing = _make_inputs(config, 7, torch.bfloat16, generator)
-    _check_vs_oracle(config, weights, hidden, routing)
+    _check_vs_dense(config, weights, hidden, routing)
 
 
 def test_input_dtype_other_than_prepared_is_converted(
@@ -188,8 +213,8 @@ def test_input_dtype_other_than_prepared_is_converted(
     prepared = backend.prepare(weights, config, dtype=torch.bfloat16)
     out = backend.apply(hidden, prepared, routing)
     assert out.dtype == torch.float32
-    ref = moe_forward_reference(hidden, weights, routing, config)
-    torch.testing.assert_close(out, ref, **KERNEL_VS_ORACLE[torch.bfloat16])
+    ref = _dense_f64(config, weights, hidden, routing)
+    torch.testing.assert_close(out.double(), ref, **KERNEL_VS_ORACLE[torch.bfloat16])
 
 
 def test_prepare_twice_is_deterministic_and_pure(generator: torch.Generator) -> None:
@@ -301,7 +326,7 @@ def test_prepare_refuses_unsupported_weights(generator: torch.Generator) -> None
 
 def test_registry_prefers_cpu_int4_on_cpu_and_falls_back() -> None:
     assert isinstance(create_backend("cpu-int4"), CPUInt4Backend)
-    # Only these two: with TRITON_INTERPRET=1 (set by the interpreter tests) the Triton
+    # Only these two: with TRITON_INTERPRET=1 (tests/conftest.py, without CUDA) the Triton
     # backends also accept CPU and outrank cpu-int4. The fixture restores the registry.
     for name in available_backends():
         if name not in ("cpu-int4", "reference"):

@@ -3,9 +3,9 @@
 Every path (byte and word GEMVs, GEMM with each dequantization scheme and a K-split w2,
 dequant) and both router-weight placements; the bias is added once, after the input's
 router weight, before the activation (w13) and before the output's router weight (w2).
+int4 weights (triton-w4a16) are held to ``INTERPRETER_INT4_REL_L2`` (float32 in the
+interpreter, like the oracle); triton-emulation's 16-bit weights to ``REL_L2_VS_ORACLE``.
 """
-
-import os
 
 import attrs
 import pytest
@@ -24,11 +24,12 @@ from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import Int4Mapping, Int4Scheme
 from core.weights import QuantizedExpertWeights
-from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
+from tests.tolerances import INTERPRETER_INT4_REL_L2, REL_L2_VS_ORACLE, rel_l2
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1",
-    reason="CUDA present: kernels are compiled for the GPU (test_triton_cuda.py)",
+    torch.cuda.is_available(),
+    reason="a CUDA device is present: the kernels are compiled for it and tested in "
+    "tests/backends/test_triton_cuda.py, not in the interpreter",
 )
 
 E, D, F = 4, 96, 64
@@ -128,7 +129,7 @@ def test_w4a16_biases_on_every_path(
         hidden_TD, prepared.w13, prepared.w2, routing, config,
         path=path, tiles=tiles, gemv_tiles=gemv_tiles,  # type: ignore[arg-type]
     )  # fmt: skip
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -149,9 +150,11 @@ def test_backends_take_biased_layers(
         out = backend.apply(
             hidden_TD, backend.prepare(weights, config, dtype=dtype), routing
         )
+        bound = INTERPRETER_INT4_REL_L2[dtype]
     else:
         emulation = TritonEmulationBackend()
         with pytest.warns(EmulationMemoryWarning):
             prepared = emulation.prepare(weights, config, dtype=dtype)
         out = emulation.apply(hidden_TD, prepared, routing)
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+        bound = REL_L2_VS_ORACLE[dtype]
+    assert rel_l2(expected, out) < bound
