@@ -1,0 +1,345 @@
+"""triton-w4a16's paths (gemv bytes/words/16-bit, gemm operand variants, dequant) in
+Triton's CPU interpreter on tiny shapes, each against the oracle and the gemm path.
+
+int4 weights match the float32 oracle up to one-ulp output flips here
+(``INTERPRETER_INT4_*``); 16-bit weights keep the kernel tolerances.
+"""
+
+import attrs
+import pytest
+import torch
+
+import backends.triton._configs as configs
+from backends.triton import (
+    EmulationMemoryWarning,
+    TritonEmulationBackend,
+    TritonW4A16Backend,
+)
+from backends.triton._configs import (
+    GemmTiles,
+    GemvTiles,
+    MoETiles,
+)
+from backends.triton._fused import Path, fused_moe, use_gemv
+from backends.triton._launch import ExpertMatrix, _ptx_target, int4_words_fit
+from core.config import MoEConfig
+from core.errors import DTypeError
+from core.quantize import quantize_expert_weights
+from core.reference import moe_forward_reference
+from core.routing import Routing, route_topk
+from core.scheme import Int4Mapping, Int4Scheme
+from tests.backends.triton_interpreter_cases import (
+    GEMV_CASES,
+    INTERPRETER_ONLY,
+    SCHEMES,
+    D,
+    E,
+    F,
+    PathCase,
+    assert_matches_gemm,
+    run_path,
+    tiny_config,
+    weights_for,
+)
+from tests.tolerances import (
+    INTERPRETER_INT4_REL_L2,
+    KERNEL_VS_ORACLE,
+    REL_L2_VS_ORACLE,
+    rel_l2,
+)
+
+pytestmark = INTERPRETER_ONLY
+
+
+WORDS_GEMV = GemvTiles(block_n=16, block_k=64, words=True)
+"""The int32-word GEMV in the interpreter: two groups of 32 per step, a K tail (D = 96)."""
+
+
+@pytest.mark.parametrize("words", [False, True], ids=["bytes", "words"])
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
+def test_gemv_decode_path_matches_oracle_and_gemm(
+    case: PathCase, words: bool, generator: torch.Generator
+) -> None:
+    tiles = WORDS_GEMV if words else None
+    assert_matches_gemm(*run_path("gemv", case, 3, generator, gemv_tiles=tiles))
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        GemvTiles(block_n=16, block_k=64, prefetch=True),
+        GemvTiles(block_n=16, block_k=64, loop_stages=2),
+        GemvTiles(block_n=16, block_k=32, w2_split=2),
+        GemvTiles(block_n=16, block_k=32, w2_split=3),  # the third split is empty
+        GemvTiles(block_n=16, block_k=32, prefetch=True, w2_split=2),
+        GemvTiles(block_n=16, block_k=32, words=True, w2_split=2),
+        GemvTiles(block_n=32, block_k=32, num_warps=2, words=True, w2_split=3),
+    ],
+    ids=[
+        "prefetch",
+        "loop-stages-2",
+        "w2-split-2",
+        "w2-split-3",
+        "prefetch-split-2",
+        "words-split-2",
+        "words-split-3",
+    ],
+)
+@pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
+def test_gemv_loop_variants_match_oracle(
+    tiles: GemvTiles, case: PathCase, generator: torch.Generator
+) -> None:
+    run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
+
+
+def _gemm_tiles(
+    w13_k: int = 64,
+    w2_k: int = 32,
+    *,
+    swap: bool = False,
+    halves: bool = False,
+    group_m: int = 0,
+    words: bool = False,
+) -> MoETiles:
+    w13 = GemmTiles(
+        block_n=32, block_k=w13_k, swap_ab=swap, nibble_halves=halves,
+        group_m=group_m, int4_words=words,
+    )  # fmt: skip
+    w2 = attrs.evolve(w13, block_k=w2_k, split_k=2)
+    return MoETiles(block_m=16, w13=w13, w2=w2)
+
+
+GEMM_VARIANTS = {
+    "swap": _gemm_tiles(swap=True),
+    "halves": _gemm_tiles(halves=True),
+    "halves-swap": _gemm_tiles(swap=True, halves=True),
+    # w2 K = 64 in one chunk: two scale groups of 32 per half
+    "halves-w2-chunk-64": _gemm_tiles(32, 64, halves=True),
+    # 3 row blocks per group over 4 (w13) / 3 (w2) column tiles: a partial last group
+    "group-3": _gemm_tiles(group_m=3),
+    "group-1-halves-swap": _gemm_tiles(swap=True, halves=True, group_m=1),
+    # int32 words: w13 K = 96 in steps of 64 (a masked tail; 2 groups of 32 per step)
+    "words-swap": _gemm_tiles(swap=True, words=True),
+    "words-swap-w2-chunk-64": _gemm_tiles(32, 64, swap=True, words=True),
+}
+
+
+@pytest.mark.parametrize("tiles", GEMM_VARIANTS.values(), ids=GEMM_VARIANTS.keys())
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
+def test_gemm_operand_variants_match_oracle(
+    tiles: MoETiles, case: PathCase, generator: torch.Generator
+) -> None:
+    """Swapped operands, nibble halves (K-permuted inputs, D = 96 a partial chunk) and
+    int32 words (shift-and-convert dequantization; the inline PTX runs on the GPU)."""
+    run_path("gemm", case, 5, generator, tiles=tiles)
+
+
+def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) -> None:
+    """16-bit weights read unpermuted inputs whatever the tiles ask for."""
+    config = tiny_config()
+    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    with pytest.warns(EmulationMemoryWarning):
+        prepared = TritonEmulationBackend().prepare(
+            weights, config, dtype=torch.bfloat16
+        )
+    hidden_TD = torch.randn(5, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    w13 = ExpertMatrix(data=prepared.w13_dense)
+    w2 = ExpertMatrix(data=prepared.w2_dense)
+    tiles = _gemm_tiles(swap=True, halves=True)
+    out = fused_moe(hidden_TD, w13, w2, routing, config, tiles=tiles)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    "chunked", [False, True], ids=["one-chunk", "chunk-per-expert"]
+)
+@pytest.mark.parametrize(
+    "case",
+    [GEMV_CASES[0], GEMV_CASES[1], GEMV_CASES[3], GEMV_CASES[4]],
+    ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}",
+)
+def test_dequant_prefill_path_matches_oracle_and_gemm(
+    case: PathCase,
+    chunked: bool,
+    generator: torch.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if chunked:  # a scratch of one byte still holds one expert: E chunks
+        monkeypatch.setattr(configs, "DEQUANT_SCRATCH_BYTES", 1)
+    assert_matches_gemm(*run_path("dequant", case, 5, generator))
+
+
+def test_dequant_path_refuses_16_bitweights_for(generator: torch.Generator) -> None:
+    dense = ExpertMatrix(data=torch.zeros(E, 2 * F, D, dtype=torch.bfloat16))
+    routing = route_topk(torch.randn(1, E, generator=generator), tiny_config())
+    with pytest.raises(DTypeError, match="dequant path needs int4"):
+        fused_moe(
+            torch.zeros(1, D, dtype=torch.bfloat16),
+            dense,
+            dense,
+            routing,
+            tiny_config(),
+            path="dequant",
+        )
+
+
+def test_words_gemv_falls_back_to_bytes_where_words_do_not_fit(
+    generator: torch.Generator,
+) -> None:
+    """D = 100 (rows of 50 bytes, not whole words): the byte kernel runs instead."""
+    config = MoEConfig(num_experts=E, top_k=2, hidden_size=100, intermediate_size=F)
+    scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1)
+    w13 = torch.randn(E, 2 * F, 100, generator=generator) * 0.2
+    w2 = torch.randn(E, 100, F, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    assert not int4_words_fit(prepared.w13)
+    assert int4_words_fit(prepared.w2)
+    hidden_TD = torch.randn(2, 100, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(2, E, generator=generator), config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+        gemv_tiles=WORDS_GEMV,
+    )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    "split", [None, 2, 3], ids=["rule-split", "w2-split-2", "w2-split-3"]
+)
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
+def test_gemv_on_16_bit_weights_matches_oracle_and_gemm(
+    case: PathCase, split: int | None, generator: torch.Generator
+) -> None:
+    """triton-emulation's decode GEMV (``_moe_gemv16_kernel``), a pair held elsewhere."""
+    scheme, activation, dtype, top_k, on_input = case
+    config = MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+        apply_router_weight_on_input=on_input,
+    )
+    weights = weights_for(scheme, dtype, generator)
+    with pytest.warns(EmulationMemoryWarning):
+        prepared = TritonEmulationBackend().prepare(weights, config, dtype=dtype)
+    w13, w2 = (
+        ExpertMatrix(data=prepared.w13_dense),
+        ExpertMatrix(data=prepared.w2_dense),
+    )
+    hidden_TD = torch.randn(2, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(2, E, generator=generator), config)
+    ids = routing.topk_ids.clone()
+    ids[1, 0] = -1
+    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    tiles = None if split is None else GemvTiles(block_n=16, block_k=32, w2_split=split)
+    out = fused_moe(hidden_TD, w13, w2, routing, config, path="gemv", gemv_tiles=tiles)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert out.dtype == dtype
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    gemm = fused_moe(hidden_TD, w13, w2, routing, config, path="gemm")
+    tol = KERNEL_VS_ORACLE[dtype]
+    torch.testing.assert_close(out, gemm, rtol=tol["rtol"], atol=tol["atol"])
+
+
+def test_emulation_takes_the_gemv_at_decode() -> None:
+    dense = ExpertMatrix(data=torch.zeros(E, 2 * F, D, dtype=torch.bfloat16))
+    assert use_gemv(E // 2, dense)
+    assert not use_gemv(E // 2 + 1, dense)
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values with a non-contiguous last dimension (a transposed copy's view)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm", "dequant"])
+def test_strided_weights_are_copied_contiguous_at_prepare(
+    path: Path, generator: torch.Generator
+) -> None:
+    """``from_quantized`` takes strided views as they are; the kernels read rows."""
+    weights = weights_for(SCHEMES[1], torch.bfloat16, generator)  # zero points too
+    assert weights.w13_zero_point is not None
+    strided = attrs.evolve(
+        weights,
+        w13_qdata=_strided(weights.w13_qdata),
+        w13_scale=_strided(weights.w13_scale),
+        w13_zero_point=_strided(weights.w13_zero_point),
+        w2_qdata=_strided(weights.w2_qdata),
+        w2_scale=_strided(weights.w2_scale),
+    )
+    assert not strided.w13_qdata.is_contiguous()
+    config = tiny_config()
+    prepared = TritonW4A16Backend().prepare(strided, config, dtype=torch.bfloat16)
+    for b in (prepared.w13, prepared.w2):
+        assert b.data.is_contiguous()
+        assert b.scale is not None
+        assert b.scale.is_contiguous()
+    hidden_TD = torch.randn(3, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    out = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path=path)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
+
+
+def test_expert_matrix_refuses_strided_rows() -> None:
+    data = torch.zeros(2, 8, 4, dtype=torch.uint8)
+    scale = torch.ones(2, 8, 2)
+    with pytest.raises(ValueError, match=r"ExpertMatrix\.data needs a contiguous"):
+        ExpertMatrix(data=_strided(torch.zeros(2, 4, 8, dtype=torch.uint8)))
+    with pytest.raises(ValueError, match=r"ExpertMatrix\.scale needs a contiguous"):
+        ExpertMatrix(data=data, scale=_strided(torch.ones(2, 2, 8)), group_size=4)
+    with pytest.raises(ValueError, match=r"zero_point needs the scale's strides"):
+        ExpertMatrix(
+            data=data,
+            scale=scale,
+            zero_point=torch.zeros(2, 16, 2, dtype=torch.uint8)[:, ::2],
+            group_size=4,
+        )
+    one_group = torch.ones(2, 8, 1).expand(2, 8, 1)  # size-1 last dimension: any stride
+    assert ExpertMatrix(data=data, scale=one_group, group_size=8).scale is one_group
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [None, GEMM_VARIANTS["halves-swap"], GEMM_VARIANTS["words-swap"]],
+    ids=["interpreter", "halves-swap", "words-swap"],
+)
+def test_group_per_row_with_k_below_block_k(
+    tiles: MoETiles | None, generator: torch.Generator
+) -> None:
+    """Group -1 with K = 48 (w13) and 24 (w2), both below BLOCK_K and not powers of 2."""
+    d, f = 48, 24
+    config = MoEConfig(num_experts=E, top_k=2, hidden_size=d, intermediate_size=f)
+    scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1)
+    w13 = torch.randn(E, 2 * f, d, generator=generator) * 0.2
+    w2 = torch.randn(E, d, f, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(5, d, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm",
+        tiles=tiles,
+    )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
+
+
+def test_w13_tiles_refuse_split_k() -> None:
+    with pytest.raises(ValueError, match=r"w13\.split_k must be 1"):
+        MoETiles(
+            block_m=16,
+            w13=GemmTiles(block_n=32, block_k=64, split_k=2),
+            w2=GemmTiles(block_n=32, block_k=32),
+        )
+
+
+def test_inline_ptx_is_for_cuda_tensors_only() -> None:
+    """Intel's Triton (XPU) and the interpreter get the same bits from plain Triton ops."""
+    assert not _ptx_target(torch.empty(1))
+    assert not _ptx_target(torch.empty(1, device="meta"))

@@ -1,0 +1,123 @@
+"""Shared pieces of the Triton interpreter tests (test_triton_interpreter.py,
+test_triton_paths.py): the tiny layer, its weights and the path runner.
+
+``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` where no CUDA device exists.
+"""
+
+import pytest
+import torch
+
+from backends.triton import TritonW4A16Backend, TritonW4A16Prepared
+from backends.triton._configs import GemvTiles, MoETiles
+from backends.triton._fused import Path, fused_moe
+from core.config import Activation, MoEConfig
+from core.quantize import quantize_expert_weights
+from core.reference import moe_forward_reference
+from core.routing import Routing, route_topk
+from core.scheme import Int4Mapping, Int4Scheme
+from core.weights import QuantizedExpertWeights
+from tests.tolerances import INTERPRETER_INT4_REL_L2, INTERPRETER_INT4_VS_ORACLE, rel_l2
+
+INTERPRETER_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="a CUDA device is present: the kernels are compiled for it and tested in "
+    "tests/backends/test_triton_cuda.py, not in the interpreter",
+)
+"""The interpreter test files' ``pytestmark``."""
+
+SCHEMES = (
+    Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=32),
+    Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=32),
+    Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1),
+)
+E, D, F = 4, 96, 64  # D is not a multiple of the interpreter BLOCK_K (64): tails masked
+
+
+def weights_for(
+    scheme: Int4Scheme, dtype: torch.dtype, generator: torch.Generator
+) -> QuantizedExpertWeights:
+    w13 = torch.randn(E, 2 * F, D, generator=generator) * 0.2
+    w2 = torch.randn(E, D, F, generator=generator) * 0.2
+    return quantize_expert_weights(w13, w2, scheme, scale_dtype=dtype)
+
+
+def tiny_config(activation: Activation = "silu", *, top_k: int = 2) -> MoEConfig:
+    """The tiny layer's config: ``E`` experts, ``D`` hidden, ``F`` intermediate."""
+    return MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+    )
+
+
+GEMV_CASES = [  # (scheme, activation, dtype, top_k, apply_router_weight_on_input)
+    (SCHEMES[0], "silu", torch.bfloat16, 2, False),
+    (SCHEMES[1], "gelu", torch.float16, 2, False),
+    (SCHEMES[2], "swigluoai", torch.bfloat16, 2, False),
+    (
+        Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1),
+        "gelu_tanh",
+        torch.float16,
+        2,
+        False,
+    ),
+    (SCHEMES[1], "silu", torch.bfloat16, 1, True),
+]
+
+
+PathCase = tuple[Int4Scheme, Activation, torch.dtype, int, bool]
+
+
+def run_path(
+    path: Path,
+    case: PathCase,
+    tokens: int,
+    generator: torch.Generator,
+    *,
+    drop: bool = True,
+    gemv_tiles: GemvTiles | None = None,
+    tiles: MoETiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, TritonW4A16Prepared, Routing, MoEConfig]:
+    """Run ``path`` on a tiny layer; returns (out, oracle, prepared, routing, config).
+
+    With ``drop``, token ``tokens // 2``'s first choice is an expert held elsewhere.
+    """
+    scheme, activation, dtype, top_k, on_input = case
+    config = MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+        apply_router_weight_on_input=on_input,
+    )
+    weights = weights_for(scheme, dtype, generator)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(tokens, D, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(tokens, E, generator=generator), config)
+    if drop:
+        ids = routing.topk_ids.clone()
+        ids[tokens // 2, 0] = -1
+        routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config,
+        path=path, gemv_tiles=gemv_tiles, tiles=tiles,
+    )  # fmt: skip
+    assert out.dtype == dtype
+    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[dtype]
+    return out, hidden_TD, prepared, routing, config
+
+
+def assert_matches_gemm(
+    out: torch.Tensor,
+    hidden_TD: torch.Tensor,
+    prepared: TritonW4A16Prepared,
+    routing: Routing,
+    config: MoEConfig,
+) -> None:
+    gemm = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm")
+    tol = INTERPRETER_INT4_VS_ORACLE[out.dtype]  # both int4, float32 in the interpreter
+    torch.testing.assert_close(out, gemm, rtol=tol["rtol"], atol=tol["atol"])
