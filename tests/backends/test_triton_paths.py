@@ -37,6 +37,7 @@ from tests.backends.triton_interpreter_cases import (
     F,
     PathCase,
     assert_matches_gemm,
+    path_config,
     run_path,
     tiny_config,
     weights_for,
@@ -215,15 +216,8 @@ def test_gemv_on_16_bit_weights_matches_oracle_and_gemm(
     case: PathCase, split: int | None, generator: torch.Generator
 ) -> None:
     """triton-emulation's decode GEMV (``_moe_gemv16_kernel``), a pair held elsewhere."""
-    scheme, activation, dtype, top_k, on_input = case
-    config = MoEConfig(
-        num_experts=E,
-        top_k=top_k,
-        hidden_size=D,
-        intermediate_size=F,
-        activation=activation,
-        apply_router_weight_on_input=on_input,
-    )
+    scheme, _, dtype, _, _ = case
+    config = path_config(case)
     weights = weights_for(scheme, dtype, generator)
     with pytest.warns(EmulationMemoryWarning):
         prepared = TritonEmulationBackend().prepare(weights, config, dtype=dtype)

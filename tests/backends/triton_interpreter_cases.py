@@ -70,6 +70,19 @@ GEMV_CASES = [  # (scheme, activation, dtype, top_k, apply_router_weight_on_inpu
 PathCase = tuple[Int4Scheme, Activation, torch.dtype, int, bool]
 
 
+def path_config(case: PathCase) -> MoEConfig:
+    """The tiny layer's config with ``case``'s activation, top_k and router-weight flag."""
+    _, activation, _, top_k, on_input = case
+    return MoEConfig(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=D,
+        intermediate_size=F,
+        activation=activation,
+        apply_router_weight_on_input=on_input,
+    )
+
+
 def run_path(
     path: Path,
     case: PathCase,
@@ -84,15 +97,8 @@ def run_path(
 
     With ``drop``, token ``tokens // 2``'s first choice is an expert held elsewhere.
     """
-    scheme, activation, dtype, top_k, on_input = case
-    config = MoEConfig(
-        num_experts=E,
-        top_k=top_k,
-        hidden_size=D,
-        intermediate_size=F,
-        activation=activation,
-        apply_router_weight_on_input=on_input,
-    )
+    scheme, _, dtype, _, _ = case
+    config = path_config(case)
     weights = weights_for(scheme, dtype, generator)
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
     hidden_TD = torch.randn(tokens, D, generator=generator).to(dtype)
