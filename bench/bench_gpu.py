@@ -24,6 +24,8 @@ import triton.testing as tt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_report import MAX_RELERR, format_row, plot, results_markdown
+
 from backends.triton._fused import fused_moe, use_dequant, use_gemv
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
@@ -218,10 +220,6 @@ def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-MAX_RELERR = 1e-2
-"""Relative L2 error against the float32 reference above which nothing is timed."""
-
-
 def checked(ref: torch.Tensor, out: torch.Tensor, what: str) -> float:
     """``rel_err``, refusing to go on past ``MAX_RELERR`` (a wrong kernel is not timed)."""
     err = rel_err(ref, out)
@@ -282,208 +280,6 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
     del q, w13, w2, tiny
     torch.cuda.empty_cache()
     return rows
-
-
-KEYS = ["triton-w4a16", "triton-emulation", "grouped_mm-bf16", "tinygemm-loop"]
-
-
-def format_row(row: dict[str, object]) -> str:
-    fl = float(row["floor_ms"])  # type: ignore[arg-type]
-    cells = []
-    for key in KEYS:
-        for suffix, tag in (("_ms", ""), ("_graph_ms", " graph")):
-            v = row.get(key + suffix)
-            if isinstance(v, float):
-                cells.append(f"{key}{tag} {v:.3f} ({v / fl:.1f}x)")
-    return (
-        f"{row['model']:16s} M={row['M']:5d} act={row['active']:3d} floor={fl:.3f}ms "
-        f"{row['w4a16_path']} | " + " | ".join(cells)
-    )
-
-
-def cell(row: dict[str, object], key: str) -> str:
-    v = row.get(key)
-    if not isinstance(v, float):
-        return "-"
-    return f"{v:.3f} ({v / float(row['floor_ms']):.2f}x)"  # type: ignore[arg-type]
-
-
-def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> str:
-    lines = [
-        "# Benchmark: one MoE layer, int4 W4A16 vs anchors",
-        "",
-        f"Date {meta['date']}; GPU {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}.",
-        f"Copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s (read + write), dense bf16 matmul "
-        f"{meta['bf16_flops'] / 1e12:.0f} TFLOP/s, both measured in this run.",
-        "",
-        "Uniform random routing, bf16 activations, symmetric int4 group 128 with bf16 scales.",
-        "Each cell: median ms (multiple of the floor). Floor = max(bytes / copy bandwidth,",
-        "FLOPs / bf16 rate); bytes = active experts' int4 weights + bf16 scales + x in",
-        "and out (intermediates not counted: a fused kernel need not round-trip them).",
-        "Eager times include launch overhead; `graph` = CUDA-graph replay (M <= 64), L2",
-        "flushed before every timed run. Outputs checked against the float32 reference",
-        f"before timing, eager and replayed (the run stops at a relative L2 error of {MAX_RELERR};",
-        "`relerr` columns in results.json). GEMV loop variant: "
-        f"`{meta['gemv_variant']}` (bench/sweep_tiles.py).",
-        "",
-        "`path` is the path triton-w4a16 took (backends/triton/_fused.py): `gemv` (decode",
-        "GEMV), `gemm` (grouped GEMM, int4 dequantized in registers) or `dequant` (chunks",
-        "of experts dequantized to bf16, then the bf16 grouped GEMM).",
-        "",
-        "`tinygemm loop`: one `torch._weight_int4pack_mm` per active expert and projection,",
-        "on the same int4 codes and scales repacked for it; eager only (it reads each",
-        "expert's token count on the host, so it cannot be captured in a CUDA graph).",
-        "",
-        "| model | M | active | floor ms | path | w4a16 | w4a16 graph | emulation "
-        "| emulation graph | grouped_mm bf16 | grouped_mm graph | tinygemm loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        cols = [
-            "triton-w4a16_ms",
-            "triton-w4a16_graph_ms",
-            "triton-emulation_ms",
-            "triton-emulation_graph_ms",
-            "grouped_mm-bf16_ms",
-            "grouped_mm-bf16_graph_ms",
-            "tinygemm-loop_ms",
-        ]
-        lines.append(
-            f"| {row['model']} | {row['M']} | {row['active']} | "
-            f"{float(row['floor_ms']):.3f} | {row['w4a16_path']} | "  # type: ignore[arg-type]
-            + " | ".join(cell(row, c) for c in cols)
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-TARGET_FLOOR = {
-    "mixtral-8x7b": 1.5,
-    "qwen3-235b-a22b": 1.5,
-    "deepseek-v3": 1.5,
-    "qwen3-30b-a3b": 3.0,
-}
-"""Issue 3: triton-w4a16 under graph replay at M <= 64, at most this multiple of the floor."""
-HAND_WRITTEN = (
-    "<!-- Everything below is written by hand; bench_gpu.py keeps it when it "
-    "rewrites this file. -->"
-)
-
-
-def _ms(row: dict[str, object], key: str) -> float | None:
-    v = row.get(key)
-    return v if isinstance(v, float) else None
-
-
-def _verdict(ok: bool) -> str:  # noqa: FBT001 (a one-argument formatter)
-    return "met" if ok else "**missed**"
-
-
-def targets_markdown(rows: list[dict[str, object]]) -> list[str]:
-    """The issue's targets, evaluated on ``rows``: one line per target and model."""
-    lines = [
-        "",
-        "## Targets of issue 3 (computed by bench_gpu.py from the table above)",
-        "",
-        "| target | model | measured | verdict |",
-        "|---|---|---|---|",
-    ]
-    models = list(dict.fromkeys(str(r["model"]) for r in rows))
-    for model in models:
-        limit = TARGET_FLOOR.get(model)
-        mults = [
-            (int(r["M"]), g / float(r["floor_ms"]))  # type: ignore[call-overload, arg-type]
-            for r in rows
-            if r["model"] == model and (g := _ms(r, "triton-w4a16_graph_ms"))
-        ]
-        if limit is None or not mults:
-            continue
-        met = [m for m, x in mults if x <= limit]
-        verdict = _verdict(len(met) == len(mults))
-        if met and len(met) < len(mults):
-            verdict = f"**missed**; met at M = {', '.join(map(str, met))}"
-        lines.append(
-            f"| triton-w4a16 graph replay <= {limit}x floor at M = "
-            f"{' / '.join(str(m) for m, _ in mults)} | {model} | "
-            f"{' / '.join(f'{x:.2f}x' for _, x in mults)} | {verdict} |"
-        )
-    for r in rows:
-        mine, anchor = _ms(r, "triton-w4a16_ms"), _ms(r, "grouped_mm-bf16_ms")
-        if r["M"] == 4096 and mine and anchor:
-            lines.append(
-                "| triton-w4a16 >= 0.8x grouped_mm bf16 throughput at M = 4096 | "
-                f"{r['model']} | {anchor / mine:.2f}x ({mine:.2f} vs {anchor:.2f} ms) "
-                f"| {_verdict(anchor / mine >= 0.8)} |"
-            )
-    for model in models:
-        ratios = [
-            (anchor / emu, int(r["M"]), tag)  # type: ignore[call-overload]
-            for r in rows
-            if r["model"] == model
-            for suffix, tag in (("_ms", ""), ("_graph_ms", " graph"))
-            if (emu := _ms(r, "triton-emulation" + suffix))
-            and (anchor := _ms(r, "grouped_mm-bf16" + suffix))
-        ]
-        if ratios:
-            worst, m, tag = min(ratios)
-            lines.append(
-                "| triton-emulation no slower than grouped_mm bf16 at every M, eager "
-                f"and graph | {model} | narrowest: {worst:.2f}x at M = {m}{tag} | "
-                f"{_verdict(worst >= 1.0)} |"
-            )
-    lines += [
-        "",
-        "Largest relative L2 error against the float32 reference (eager and graph):",
-    ]
-    for key in KEYS:
-        errs = [
-            v
-            for r in rows
-            for suffix in ("_relerr", "_graph_relerr")
-            if isinstance(v := r.get(key + suffix), float)
-        ]
-        if errs:
-            lines.append(f"{key} {max(errs):.1e};")
-    lines[-1] = lines[-1].rstrip(";") + "."
-    return lines
-
-
-def results_markdown(
-    meta: dict[str, object], rows: list[dict[str, object]], previous: str
-) -> str:
-    """The generated table and targets, then the hand-written part of ``previous``."""
-    _, marker, kept = previous.partition(HAND_WRITTEN)
-    body = write_markdown(meta, rows) + "\n".join(targets_markdown(rows)) + "\n\n"
-    return body + HAND_WRITTEN + (kept if marker else "\n")
-
-
-def plot(rows: list[dict[str, object]], name: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mine = [r for r in rows if r["model"] == name]
-    ms = [r["M"] for r in mine]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(ms, [r["floor_ms"] for r in mine], "k--", label="floor")
-    for key in KEYS:
-        for suffix, style in (("_ms", "-o"), ("_graph_ms", ":s")):
-            pts = [(r["M"], r.get(key + suffix)) for r in mine]
-            pts = [(a, b) for a, b in pts if isinstance(b, float)]
-            if pts:
-                label = key + (" (graph)" if "graph" in suffix else "")
-                ax.plot(*zip(*pts, strict=True), style, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens M")
-    ax.set_ylabel("ms per layer (median)")
-    ax.set_title(f"{name}: one MoE layer, int4 g128")
-    ax.legend(fontsize=7)
-    ax.grid(visible=True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def apply_gemv_variant() -> str:
