@@ -145,15 +145,15 @@ class TritonW4A16Backend:
 @final
 @attrs.frozen(kw_only=True, eq=False)
 class TritonEmulationPrepared(PreparedExperts):
-    """Every expert dequantized once to the activation dtype.
+    """Every expert dequantized once to the activation dtype, as GEMM operands.
 
     Attributes:
-        w13_dense: ``(E, 2F, D)`` 16-bit weights.
-        w2_dense: ``(E, D, F)`` 16-bit weights.
+        w13: ``(E, 2F, D)`` 16-bit weights (and the experts' w13 bias, if any).
+        w2: ``(E, D, F)`` 16-bit weights (and the experts' w2 bias, if any).
     """
 
-    w13_dense: torch.Tensor
-    w2_dense: torch.Tensor
+    w13: ExpertMatrix
+    w2: ExpertMatrix
 
 
 class EmulationMemoryWarning(BackendWarning):
@@ -217,7 +217,11 @@ class TritonEmulationBackend:
         )
         w13, w2 = _dequantize_per_expert(weights, dtype)
         return TritonEmulationPrepared(
-            weights=weights, config=config, dtype=dtype, w13_dense=w13, w2_dense=w2
+            weights=weights,
+            config=config,
+            dtype=dtype,
+            w13=ExpertMatrix(data=w13, bias=_contiguous(weights.w13_bias)),
+            w2=ExpertMatrix(data=w2, bias=_contiguous(weights.w2_bias)),
         )
 
     def apply(
@@ -229,17 +233,10 @@ class TritonEmulationBackend:
             DTypeError: if the prepared weights are packed int4 (uint8).
         """
         ready = check_prepared(prepared, TritonEmulationPrepared, self.name)
-        for name, w in (("w13", ready.w13_dense), ("w2", ready.w2_dense)):
+        for name, w in (("w13", ready.w13.data), ("w2", ready.w2.data)):
             if w.dtype not in _DTYPES:
                 raise DTypeError(
                     f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
                     f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
                 )
-        weights = ready.weights
-        return fused_moe(
-            hidden_TD,
-            ExpertMatrix(data=ready.w13_dense, bias=_contiguous(weights.w13_bias)),
-            ExpertMatrix(data=ready.w2_dense, bias=_contiguous(weights.w2_bias)),
-            routing,
-            ready.config,
-        )
+        return fused_moe(hidden_TD, ready.w13, ready.w2, routing, ready.config)

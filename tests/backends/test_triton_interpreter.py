@@ -19,6 +19,7 @@ from backends.triton import (
     TritonW4A16Backend,
 )
 from backends.triton._align import align_pairs_to_blocks
+from backends.triton._launch import ExpertMatrix
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
@@ -213,8 +214,8 @@ def test_emulation_refuses_packedweights_for(generator: torch.Generator) -> None
         weights=weights,
         config=tiny_config(),
         dtype=torch.bfloat16,
-        w13_dense=weights.w13_qdata,
-        w2_dense=weights.w2_qdata,
+        w13=ExpertMatrix(data=weights.w13_qdata),
+        w2=ExpertMatrix(data=weights.w2_qdata),
     )
     hidden_TD = torch.randn(2, D, generator=generator).to(torch.bfloat16)
     routing = route_topk(torch.randn(2, E, generator=generator), tiny_config())

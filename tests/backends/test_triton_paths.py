@@ -145,8 +145,7 @@ def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) ->
         )
     hidden_TD = torch.randn(5, D, generator=generator).to(torch.bfloat16)
     routing = route_topk(torch.randn(5, E, generator=generator), config)
-    w13 = ExpertMatrix(data=prepared.w13_dense)
-    w2 = ExpertMatrix(data=prepared.w2_dense)
+    w13, w2 = prepared.w13, prepared.w2
     tiles = _gemm_tiles(swap=True, halves=True)
     out = fused_moe(hidden_TD, w13, w2, routing, config, tiles=tiles)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
@@ -221,10 +220,7 @@ def test_gemv_on_16_bit_weights_matches_oracle_and_gemm(
     weights = weights_for(scheme, dtype, generator)
     with pytest.warns(EmulationMemoryWarning):
         prepared = TritonEmulationBackend().prepare(weights, config, dtype=dtype)
-    w13, w2 = (
-        ExpertMatrix(data=prepared.w13_dense),
-        ExpertMatrix(data=prepared.w2_dense),
-    )
+    w13, w2 = prepared.w13, prepared.w2
     hidden_TD = torch.randn(2, D, generator=generator).to(dtype)
     routing = route_topk(torch.randn(2, E, generator=generator), config)
     ids = routing.topk_ids.clone()
