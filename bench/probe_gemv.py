@@ -1,6 +1,6 @@
 """Decode GEMV probe (run on the GPU): where do the int4 GEMV's cycles go?
 
-``[PROBE_SET=bytes|words|tc|tma|word2] python bench/probe_gemv.py time`` times, per
+``[PROBE_SET=bytes|words|tc|tma|word2|h2] [PROBE_M4=1] python bench/probe_gemv.py time`` times, per
 model shape at M = 1, each projection's GEMV alone (w13 as 2F plain rows) under
 CUDA-graph replay with L2 flushed: the library's ``launch_gemv`` and the experimental
 kernels of ``probe_kernels.py`` / ``probe_kernels_asm.py`` with K split across
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import GROUP, MODELS, copy_bandwidth, random_int4, route, time_graph
 from probe_kernels import probe_launch, tma_launch, word_launch
 from probe_kernels_asm import prescale_x, tc_launch, word2_launch
+from probe_kernels_h2 import h2_launch, pack_x
 
 from backends.triton._fused import fused_moe, pick_gemv_tiles
 from backends.triton._launch import ExpertMatrix, launch_gemv
@@ -38,6 +39,8 @@ from core.routing import Routing
 
 CASES = [("mixtral-8x7b", 1), ("qwen3-235b-a22b", 1), ("deepseek-v3", 1),
          ("qwen3-30b-a3b", 1)]  # fmt: skip
+if os.environ.get("PROBE_M4"):
+    CASES += [("qwen3-235b-a22b", 4), ("deepseek-v3", 4), ("qwen3-30b-a3b", 4)]
 PROBE_SET = os.environ.get("PROBE_SET", "")
 BYTE_VARIANTS = [(16, 512, 4, 1), (16, 512, 4, 4)]  # (block_n, block_k, warps, split)
 BYTE_MODES = {"i2f": 0, "magic": 1, "load": 9}
@@ -50,6 +53,10 @@ TMA_VARIANTS = [  # (block_n, block_k, warps, stages)
 WORD2_VARIANTS = [
     (128, 128, 4), (256, 128, 8), (64, 128, 4), (128, 128, 8), (64, 256, 4),
     (128, 256, 4), (32, 128, 2), (64, 128, 2),
+]  # fmt: skip
+
+H2_VARIANTS = [
+    (32, 128, 1), (64, 128, 2), (128, 128, 4), (16, 256, 1), (32, 256, 1), (64, 256, 2),
 ]  # fmt: skip
 
 Variant = tuple[str, Callable[..., Any], dict[str, int], bool]
@@ -89,6 +96,14 @@ def variants(pairs: int, n: int, k: int) -> list[Variant]:
                 s = auto_split(pairs, n, k, bn, bk)
                 kw = {"bn": bn, "bk": bk, "warps": w, "split": s}
                 out.append((f"{bn}x{bk} w{w} s{s} {tag}", launch, kw, prescaled))
+    if "h2" in want.split(","):
+        for bn, bk, w in H2_VARIANTS:
+            for xmode in (0, 1, 2):
+                s = auto_split(pairs, n, k, bn, bk)
+                kw = {"bn": bn, "bk": bk, "warps": w, "split": s, "xmode": xmode}
+                out.append(
+                    (f"{bn}x{bk} w{w} s{s} h2 x{xmode}", h2_launch, kw, xmode == 2)
+                )
     if "tma" in want:
         for bn, bk, w, st in TMA_VARIANTS:
             for s in sorted({1, auto_split(pairs, n, k, bn, bk)}):
@@ -128,7 +143,9 @@ def time_projection(
     """Every variant of one projection: error, time and TB/s, one line each."""
     pairs, (n, half) = ids.numel(), b.data.shape[1:]
     nbytes = int(torch.unique(ids).numel()) * n * half * (1 + 4 / GROUP)
-    xs = prescale_x(a) if "word2" in PROBE_SET else a
+    xs = (
+        prescale_x(a) if "word2" in PROBE_SET else pack_x(a) if "h2" in PROBE_SET else a
+    )
     for tag, launch, kw, prescaled in variants(pairs, n, 2 * half):
         x_in = xs if prescaled else a
         out = torch.empty(kw["split"], pairs, n, device=a.device)

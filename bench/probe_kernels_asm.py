@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.triton._kernels_gemv_words import _CODES_ASM
 from backends.triton._launch import ExpertMatrix
 
 _DQ8 = tl.constexpr("""{
@@ -113,7 +112,25 @@ def tc_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split):
     )  # fmt: skip
 
 
-_W8F = _CODES_ASM  # the library's word GEMV uses the same block (one LOP3 a code)
+_W8F = tl.constexpr("""{
+.reg .b32 h;
+lop3.b32 $0, $8, 0xF, $9, 0xEA;
+lop3.b32 $1, $8, 0xF0, $9, 0xEA;
+lop3.b32 $2, $8, 0xF00, $9, 0xEA;
+lop3.b32 $3, $8, 0xF000, $9, 0xEA;
+lop3.b32 $4, $8, 0xF0000, $9, 0xEA;
+shr.u32 h, $8, 12;
+lop3.b32 $5, h, 0xF00, $9, 0xEA;
+lop3.b32 $6, h, 0xF000, $9, 0xEA;
+lop3.b32 $7, h, 0xF0000, $9, 0xEA;
+}""")
+"""The library's float32 word GEMV block before the half2 one (one LOP3 a code).
+
+Nibble ``j`` of word ``$8`` kept in place under the exponent bits of float32 ``2^23``
+(``$9`` = 0x4B000000: OR-ing an integer below ``2^23`` into its mantissa gives ``2^23 +``
+that integer exactly): ``$j`` = ``2^23 + code_j * 16^s_j``, one LOP3 (``(a & b) | c``)
+a code, with ``s_j`` = 0, 1, 2, 3, 4 for nibbles 0-4 and 2, 3, 4 for nibbles 5-7 (taken
+from the word shifted right by 12)."""
 
 
 @triton.jit

@@ -1,9 +1,10 @@
 """Variant sweep for backends/triton/_configs.py (run on the GPU).
 
-``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|prefill|emulation|operands|group [model ...]``: for the model
+``[SWEEP_M=1,4] python bench/sweep_tiles.py decode|gemv|words|prefill|emulation|operands|group [model ...]``: for the model
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
-prints the one bench_gpu.py should take (``GEMV_VARIANT``); at prefill the in-register GEMM, the dequant path and
+prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
+tiles (``GemvTiles.words``) at M = 1 and 4; at prefill the in-register GEMM, the dequant path and
 ``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
 int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table;
@@ -70,6 +71,11 @@ DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (16, 512, 4, 3),
 ]
 DECODE_GEMV = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (16, 1024, 8)]
+WORD_GEMV = [  # (block_n, block_k, warps, w2_split or None for gemv_split_for)
+    (16, 128, 1, None), (32, 128, 1, None), (8, 256, 1, None), (16, 256, 1, None),
+    (32, 128, 2, None), (64, 128, 2, None), (16, 128, 1, 1), (16, 256, 1, 1),
+    (16, 256, 1, 2), (8, 128, 1, None),
+]  # fmt: skip
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -104,6 +110,17 @@ def variants(
         return operand_variants(m, k, e, default)
     if mode == "group":
         return {}  # group_fns
+    if mode == "words":
+        out_w: dict[str, dict[str, object]] = {"auto": {}}
+        for bn, bk, w, split in WORD_GEMV:
+            gt = GemvTiles(
+                block_n=bn, block_k=bk, num_warps=w, w2_split=split, words=True
+            )
+            out_w[f"words bn{bn} bk{bk} w{w} split{split}"] = {
+                "gemv_tiles": gt,
+                "path": "gemv",
+            }
+        return out_w
     if mode == "gemv":
         base = GEMV_FEW  # the loop variants are the byte kernel's
         return {
@@ -214,6 +231,7 @@ def main() -> None:
     ms_list = {
         "decode": [1, 4, 16, 64],
         "gemv": [1, 4],
+        "words": [1, 4],
         "operands": [1, 4, 16, 64, 256],
         "group": [1024, 4096],
     }.get(mode, [256, 1024, 4096])

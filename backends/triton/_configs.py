@@ -116,33 +116,40 @@ INTERPRETER: Final = MoETiles(
 
 
 GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
-"""Decode GEMV on bytes for at most ``GEMV_FEW_PAIRS`` routed pairs of experts below
-``GEMV_WORDS_MIN_EXPERT`` (M = 1 on every model shape: 0.071 ms vs 0.075 for 32 x 256
-on Qwen3-235B, 0.142 vs 0.186 ms on Mixtral; against the word GEMV, H200,
-bench/sweeps/probe_gemv_words_h200.log: Qwen3-30B-A3B 0.0294 vs 0.0321-0.0340 ms,
-Qwen3-235B 0.0723 vs 0.0728-0.0756)."""
-GEMV_WORDS: Final = GemvTiles(block_n=32, block_k=128, num_warps=2, words=True)
-"""Decode GEMV on int32 words: above ``GEMV_FEW_PAIRS`` pairs, and at fewer for
-experts of at least ``GEMV_WORDS_MIN_EXPERT`` (bench/sweeps/probe_gemv_words_h200.log,
-graph replay, ms): M = 1 Mixtral 0.119 vs 0.135 for the byte GEMV, DeepSeek-V3 0.133
-vs 0.136; M = 4 (29-32 pairs) Qwen3-30B-A3B 0.059, Qwen3-235B 0.184, DeepSeek-V3 0.372
-against 0.069 / 0.197 / 0.404-0.435 for the words GEMM of the tile table (bench/
-RESULTS.md) and 0.069 / 0.212 / 0.463 for the byte GEMV. Of the tiles probed (64 x 128
-and 32 x 128 with 2 or 4 warps, 16 x 256, 32 x 256) this one was fastest or within 4%
-in every case."""
+"""Decode GEMV on bytes, for int4 weights that are not whole aligned int32 words
+(``int4_words_fit``: K or the group not a multiple of 8); there ``use_gemv`` allows at
+most ``GEMV_FEW_PAIRS`` pairs. Before the half2 word GEMV this also served <= 8 pairs
+of small experts (M = 1: 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, H200)."""
+GEMV_WORDS: Final = GemvTiles(block_n=16, block_k=256, num_warps=1, words=True)
+"""Decode GEMV on int32 words (half2 products, ``_kernels_gemv_words.py``) wherever the
+weights are whole aligned words, but the few narrow cases of ``GEMV_WORDS_NARROW``.
+H200, graph replay of the whole layer (bench/sweeps/sweep_words_half2_h200.log, ms):
+Mixtral M = 1 0.105 (0.131 with the previous 32 x 128, 2 warps; the float32 word
+GEMV took 0.118 in the last benchmark); M = 4 (29-32 pairs) Qwen3-30B-A3B 0.052 (0.071),
+Qwen3-235B 0.174 (0.178), DeepSeek-V3 0.301 (0.437; 0.373 for the float32 kernel).
+Of the ten tiles swept (8-64 rows, 128 or 256 columns, 1 or 2 warps, w2 split 1, 2 or
+by ``gemv_split_for``) it was fastest or within 3% in these cases."""
+GEMV_WORDS_NARROW: Final = GemvTiles(block_n=8, block_k=256, num_warps=1, words=True)
+"""The word GEMV at <= ``GEMV_FEW_PAIRS`` pairs of at most ``GEMV_NARROW_MAX_ROWS``
+gate rows in all (pairs x intermediate size), where 8-row programs give the GPU enough
+of them: M = 1 Qwen3-30B-A3B 0.032 ms (0.037 at 16 rows; the byte GEMV took 0.030 in
+the last benchmark), Qwen3-235B 0.066 (0.074; bytes 0.073), DeepSeek-V3 0.108 (0.124;
+float32 words 0.133). Mixtral's 2 x 14336 rows keep 16 (0.105 vs 0.120)."""
+GEMV_NARROW_MAX_ROWS: Final = 1 << 14
+"""Routed pairs x intermediate size up to which <= 8 pairs take ``GEMV_WORDS_NARROW``."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
-experts below ``GEMV_WORDS_MIN_EXPERT``. Three launches instead of the grouped GEMM's
+experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's
 five (no alignment): at M = 1 (bench/sweeps/probe_emulation_gemv_h200.log, ms)
 Qwen3-30B-A3B eager 0.063 vs 0.152 for the GEMM, graph-replayed 0.044 vs 0.042;
 Qwen3-235B eager 0.141 vs 0.190, replayed 0.107 vs 0.098. Larger experts stay on the
 GEMM, faster there both ways (Mixtral 0.188 vs 0.211-0.231 replayed, DeepSeek-V3 0.188
 vs 0.195-0.273). Of 16 x 128, 32 x 128, 16 x 256 (4 warps) and 8 x 256 (2 warps) this
 was fastest replayed on the three 128- and 256-expert models."""
-GEMV_WORDS_MIN_EXPERT: Final = 1 << 23
-"""``hidden * intermediate`` from which the word GEMV also serves <= ``GEMV_FEW_PAIRS``
-pairs: Mixtral (58.7 M) and DeepSeek-V3 (14.7 M) gained, Qwen3-235B (6.3 M) and
-Qwen3-30B-A3B (1.6 M) lost 5-16% at M = 1."""
+GEMV_16BIT_MAX_EXPERT: Final = 1 << 23
+"""``hidden * intermediate`` below which triton-emulation takes the 16-bit GEMV
+(``GEMV_16BIT``): Qwen3-235B (6.3 M) and Qwen3-30B-A3B (1.6 M); Mixtral (58.7 M) and
+DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 32
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs, and up to this

@@ -4,10 +4,10 @@ May import core; triton only inside functions. Three paths compute the same laye
 
 - ``gemv`` (decode): two pair-major GEMVs (w2's K split across programs when they
   are few) and the top-k sum, three launches; taken for a handful of pairs that
-  rarely share an expert (``use_gemv``). On int4 the GEMVs read bytes for up to 8
-  pairs of small experts, else int32 words; on 16-bit weights (triton-emulation, up
-  to 8 pairs of small experts) they read the weights as they are
-  (``pick_gemv_tiles``).
+  rarely share an expert (``use_gemv``). On int4 the GEMVs read int32 words of 8
+  codes and multiply in float16 pairs (bytes where the weights are not whole words);
+  on 16-bit weights (triton-emulation, up to 8 pairs of small experts) they read the
+  weights as they are (``pick_gemv_tiles``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
   registers into the dot's register operand (the int4 table reads int32 words at
@@ -58,12 +58,12 @@ def use_gemv(
     int32 words (``int4_words_fit``). Then pairs rarely share an expert, so the
     pair-major GEMV reads each used expert's weights about once, without the GEMM's
     16-row minimum or its alignment (two fewer launches). 16-bit weights (emulation)
-    take it only for experts below ``GEMV_WORDS_MIN_EXPERT`` (see ``GEMV_16BIT``).
+    take it only for experts below ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``).
     """
     if not (enabled and 2 * num_pairs <= int(w13.data.shape[0])):
         return False
     if not w13.is_int4:
-        small = _expert_size(w13) < configs.GEMV_WORDS_MIN_EXPERT
+        small = _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
         return small and num_pairs <= configs.GEMV_FEW_PAIRS
     if num_pairs <= configs.GEMV_FEW_PAIRS:
         return True
@@ -101,19 +101,24 @@ def pick_tiles(
 
 
 def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
-    """GEMV tiles: ``GEMV_16BIT``, or for int4 bytes or int32 words.
+    """GEMV tiles: ``GEMV_16BIT``, or for int4 int32 words or bytes.
 
-    int4: bytes for a handful of pairs of small experts, else int32 words;
-    ``GEMV_WORDS`` falls back to the byte kernel where the weights are not whole
-    aligned words (``int4_words_fit``).
+    int4: where w13 reads as whole aligned words (``int4_words_fit``) ``GEMV_WORDS``,
+    or ``GEMV_WORDS_NARROW`` for <= ``GEMV_FEW_PAIRS`` pairs of at most
+    ``GEMV_NARROW_MAX_ROWS`` gate rows in all; else the byte kernel's ``GEMV_FEW``
+    (``use_gemv`` then allows <= ``GEMV_FEW_PAIRS`` pairs). A w2 that is not whole
+    words under word tiles runs the byte kernel with them (``launch_gemv``).
     """
     if is_interpreting():
         return configs.GEMV_INTERPRETER
     if not w13.is_int4:
         return configs.GEMV_16BIT
-    few = num_pairs <= configs.GEMV_FEW_PAIRS
-    if few and _expert_size(w13) < configs.GEMV_WORDS_MIN_EXPERT:
+    if not int4_words_fit(w13):
         return configs.GEMV_FEW
+    gate_rows = num_pairs * (int(w13.data.shape[1]) // 2)
+    narrow = gate_rows <= configs.GEMV_NARROW_MAX_ROWS
+    if num_pairs <= configs.GEMV_FEW_PAIRS and narrow:
+        return configs.GEMV_WORDS_NARROW
     return configs.GEMV_WORDS
 
 

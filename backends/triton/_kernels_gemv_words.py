@@ -1,4 +1,4 @@
-"""Triton decode kernel of triton-w4a16 on int32 words: the pair-major GEMV, float32 FMAs.
+"""Triton decode kernel of triton-w4a16 on int32 words: the pair-major GEMV, half2 products.
 
 ``@triton.jit`` only; the typed host wrapper is ``launch_gemv`` in ``_launch.py``
 (``GemvTiles.words``). Names as in ``_kernels_gemv.py``; ``W`` = int32 words of 8 codes.
@@ -9,86 +9,121 @@ import triton.language as tl
 
 from backends.triton._kernels_gemv import _gemv_store
 
-_CODES_ASM = tl.constexpr("""{
-.reg .b32 h;
-lop3.b32 $0, $8, 0xF, $9, 0xEA;
-lop3.b32 $1, $8, 0xF0, $9, 0xEA;
-lop3.b32 $2, $8, 0xF00, $9, 0xEA;
-lop3.b32 $3, $8, 0xF000, $9, 0xEA;
-lop3.b32 $4, $8, 0xF0000, $9, 0xEA;
-shr.u32 h, $8, 12;
-lop3.b32 $5, h, 0xF00, $9, 0xEA;
-lop3.b32 $6, h, 0xF000, $9, 0xEA;
-lop3.b32 $7, h, 0xF0000, $9, 0xEA;
+_HALF2_ASM = tl.constexpr("""{
+.reg .b32 a, b, c, d, t, acc, k16;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+mov.b32 k16, 0x2C002C00;
+shr.u32 t, $1, 8;
+lop3.b32 a, $1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 b, $1, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, $2;
+fma.rn.f16x2 b, b, k16, $3;
+sub.f16x2 c, c, $2;
+fma.rn.f16x2 d, d, k16, $3;
+mul.f16x2 acc, a, $4;
+fma.rn.f16x2 acc, b, $5, acc;
+fma.rn.f16x2 acc, c, $6, acc;
+fma.rn.f16x2 acc, d, $7, acc;
+mov.b32 {lo, hi}, acc;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
 }""")
-"""Nibble ``j`` of word ``$8`` kept in place under the exponent bits of float32 ``2^23``
-(``$9`` = 0x4B000000: OR-ing an integer below ``2^23`` into its mantissa gives ``2^23 +``
-that integer exactly): ``$j`` = ``2^23 + code_j * 16^s_j``, one LOP3 (``(a & b) | c``)
-a code, with ``s_j`` = 0, 1, 2, 3, 4 for nibbles 0-4 and 2, 3, 4 for nibbles 5-7 (taken
-from the word shifted right by 12)."""
+"""``$0 = sum_j (code_j - z) x_j`` of int32 word ``$1`` in float16 pairs, in float32.
+
+``0x6400`` is float16 1024: one LOP3 (``(a & b) | c``) ORs two codes (or two codes
+times 16) into the mantissas of a half2, giving ``1024 + q`` (``1024 + 16 q``) exactly;
+``$2`` = half2 ``1024 + z`` is subtracted from the first kind, the second is scaled by
+1/16 (``0x2C00``) and ``$3`` = half2 ``-(64 + z)`` added: ``q - z`` exactly, codes
+``(0, 4), (1, 5), (2, 6), (3, 7)`` of the word per half2. ``$4..$7`` are the input
+pairs ``(x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7)``; four HFMA2 sum the eight
+products in float16, the two halves are added in float32. About 2 instructions a code
+(the float32 formulation took 5)."""
 
 
 @triton.jit
-def _codes(words, ASM: tl.constexpr):
-    """Eight float32 tensors: ``2^23 + code_j * 16^s_j`` of each int32 word (``_CODES_ASM``).
+def _half_bits(x):
+    """float32 tensor -> its float16 bits in the low half of an int32 (high half 0)."""
+    return x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
 
-    ``ASM``: one inline-PTX block (a LOP3 per code); else the same bits by AND, OR and
-    a bitcast (Triton's CPU interpreter). The arithmetic shift leaves the sign's copies
-    above bit 19 of ``h``, outside every mask.
+
+@triton.jit
+def _half2(lo, hi):
+    """Two float32 tensors -> half2 ``(lo, hi)`` as int32 bits."""
+    return _half_bits(lo) | (_half_bits(hi) << 16)
+
+
+@triton.jit
+def _x_plane(x_ptr, wi, i_mask, j: tl.constexpr):
+    """``x[8 wi + j]`` in float32."""
+    return tl.load(x_ptr + 8 * wi + j, mask=i_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _step_scale(x0, x1, x2, x3, x4, x5, x6, x7):
+    """``(2^E, 2^-E)``: ``2^E`` the power of two at or below the step's largest ``|x|``.
+
+    ``x * 2^-E`` is then exact and below 2 in size. ``E`` is clamped to ``[-126, 126]``:
+    a step of zeros (or float32 subnormals) takes ``2^-126`` and stays exact, an inf
+    takes ``2^126`` and stays inf when scaled (both ends keep ``2^-E`` a normal float).
     """
-    magic = tl.full(words.shape, 0x4B000000, tl.int32)
+    big = tl.maximum(
+        tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+        tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))),
+    )  # fmt: skip
+    bits = tl.max(big, axis=0).to(tl.int32, bitcast=True) & 0x7F800000
+    bits = tl.minimum(tl.maximum(bits, 1 << 23), 253 << 23)
+    return bits.to(tl.float32, bitcast=True), (0x7F000000 - bits).to(
+        tl.float32, bitcast=True
+    )
+
+
+@triton.jit
+def _word_dot(words, z, h0, h1, h2, h3, h4, h5, h6, h7, ASM: tl.constexpr):
+    """``sum_j (code_j - z) h_j`` per int32 word, ``h_j`` the scaled input planes.
+
+    ``ASM``: ``h_j`` rounded to float16 pairs, ``_HALF2_ASM`` (products summed in
+    float16); else plain Triton in float32 (the CPU interpreter, whose buffers are
+    float32: on the GPU ``h_j`` hold 16-bit values, which the rounding keeps).
+    """
     if ASM:
-        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
-            _CODES_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words, magic],
-            dtype=(tl.float32,) * 8, is_pure=True, pack=1,
+        za = _half_bits(z + 1024.0)
+        zb = _half_bits(-(z + 64.0))
+        t = tl.inline_asm_elementwise(
+            _HALF2_ASM, "=r,r,r,r,r,r,r,r",
+            [words, za | (za << 16), zb | (zb << 16), _half2(h0, h4)[None, :],
+             _half2(h1, h5)[None, :], _half2(h2, h6)[None, :], _half2(h3, h7)[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1,
         )  # fmt: skip
     else:
-        h = words >> 12
-        v0 = ((words & 0xF) | magic).to(tl.float32, bitcast=True)
-        v1 = ((words & 0xF0) | magic).to(tl.float32, bitcast=True)
-        v2 = ((words & 0xF00) | magic).to(tl.float32, bitcast=True)
-        v3 = ((words & 0xF000) | magic).to(tl.float32, bitcast=True)
-        v4 = ((words & 0xF0000) | magic).to(tl.float32, bitcast=True)
-        v5 = ((h & 0xF00) | magic).to(tl.float32, bitcast=True)
-        v6 = ((h & 0xF000) | magic).to(tl.float32, bitcast=True)
-        v7 = ((h & 0xF0000) | magic).to(tl.float32, bitcast=True)
-    return v0, v1, v2, v3, v4, v5, v6, v7
-
-
-@triton.jit
-def _x_plane(x_ptr, wi, i_mask, j: tl.constexpr, inv: tl.constexpr):
-    """``x[8 wi + j] * inv`` (``inv`` = ``16^-s_j``) in float32, and ``x[8 wi + j]``."""
-    x = tl.load(x_ptr + 8 * wi + j, mask=i_mask, other=0.0).to(tl.float32)
-    return x * inv, x
+        t = ((words & 0xF).to(tl.float32) - z) * h0[None, :]
+        t += (((words >> 4) & 0xF).to(tl.float32) - z) * h1[None, :]
+        t += (((words >> 8) & 0xF).to(tl.float32) - z) * h2[None, :]
+        t += (((words >> 12) & 0xF).to(tl.float32) - z) * h3[None, :]
+        t += (((words >> 16) & 0xF).to(tl.float32) - z) * h4[None, :]
+        t += (((words >> 20) & 0xF).to(tl.float32) - z) * h5[None, :]
+        t += (((words >> 24) & 0xF).to(tl.float32) - z) * h6[None, :]
+        t += (((words >> 28) & 0xF).to(tl.float32) - z) * h7[None, :]
+    return t
 
 
 @triton.jit
 def _word_step(
-    w_e, w_offs, w_mask, s_e, z_e, s_offs, s_mask,
-    x0, x1, x2, x3, x4, x5, x6, x7, x_sum,
+    w_e, w_offs, w_mask, s_e, z_e, s_offs, s_mask, pw,
+    h0, h1, h2, h3, h4, h5, h6, h7,
     HAS_ZP: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """``scale * (sum_j code_j x_j - z sum_j x_j)`` per word of a ``[BLOCK_N, BW]`` tile.
-
-    ``x_j`` arrive divided by ``16^s_j``, so ``(v_j - 2^23) * x_j`` is exact
-    ``code_j * x[8 wi + j]`` up to one FMA rounding.
-    """
+    """``scale * 2^E * sum_j (code_j - z) h_j`` per word of a ``[BLOCK_N, BW]`` tile."""
     words = tl.load(w_e + w_offs, mask=w_mask, other=0)
-    v0, v1, v2, v3, v4, v5, v6, v7 = _codes(words, ASM)
-    t = (v0 - 8388608.0) * x0[None, :]
-    t += (v1 - 8388608.0) * x1[None, :]
-    t += (v2 - 8388608.0) * x2[None, :]
-    t += (v3 - 8388608.0) * x3[None, :]
-    t += (v4 - 8388608.0) * x4[None, :]
-    t += (v5 - 8388608.0) * x5[None, :]
-    t += (v6 - 8388608.0) * x6[None, :]
-    t += (v7 - 8388608.0) * x7[None, :]
     s = tl.load(s_e + s_offs, mask=s_mask, other=0.0).to(tl.float32)
-    if HAS_ZP:  # noqa: SIM108 (a constexpr branch, resolved at compile time)
+    if HAS_ZP:
         z = tl.load(z_e + s_offs, mask=s_mask, other=0).to(tl.float32)
     else:
-        z = 8.0
-    return (t - z * x_sum[None, :]) * s
+        z = tl.full([1, 1], 8.0, tl.float32)
+    return _word_dot(words, z, h0, h1, h2, h3, h4, h5, h6, h7, ASM) * (s * pw)
 
 
 @triton.jit
@@ -127,19 +162,29 @@ def _moe_gemv_words_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVEN: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """``_moe_gemv_kernel``'s contract on int32 words; three instructions a code at its core.
+    """``_moe_gemv_kernel``'s contract on int32 words, products in float16 pairs.
 
     Grid, K splits, ``GATED``, ``WEIGHT_ROWS`` and ``HAS_BIAS`` as there. Needs
-    ``K % 8 == 0`` and ``GROUP % 8 == 0`` (``int4_words_fit``). Per step each program
-    reads ``BLOCK_N`` rows of ``BW = BLOCK_K / 8`` words and 8 input planes
-    ``x[8 wi + j]``, each pre-divided by the power of 16 its nibble keeps::
+    ``K % 8 == 0`` and ``GROUP % 8 == 0`` (``int4_words_fit``); ``EVEN``: every step is
+    whole (``K`` and ``k_per_split`` multiples of ``BLOCK_K``), so no K masks (16-byte
+    loads). Per step each program reads ``BLOCK_N`` rows of ``BW = BLOCK_K / 8`` words
+    and the 8 input planes ``x[8 wi + j]``, divides them by ``2^E``, the power of two
+    at or below their largest magnitude (exact; every scaled input is below 2, so the
+    float16 products and their sums of 8, at most 2 * 15 * 8 in size, stay in range),
+    and rounds them to float16: exact for the 16-bit inputs this kernel gets above
+    ``2^(E-14)`` (below, float16 subnormals keep them to ``2^(E-24)``)::
 
-        for each step: v_j = 2^23 + code_j 16^s_j            (a LOP3 per code)
-                       t = sum_j (v_j - 2^23) (x_j / 16^s_j)  (FADD + FFMA per code)
-                       acc[n, wi] += scale[n, g] * (t - z[n, g] sum_j x_j)
+        for each step: h_j = fp16(x_j / 2^E)
+                       t[n, wi] = sum_j (code_j - z[n, g]) h_j   (_HALF2_ASM, fp16 sums)
+                       acc[n, wi] += t * scale[n, g] * 2^E        (float32)
         C[s, p, n] = act(sum_wi acc, sum_wi acc_up) if gated else sum_wi acc
+
+    Each word's sum of 8 products is rounded to float16 (11 bits): about 3e-4 relative
+    error on a GEMV output against float32 math on the same values, far below int4's
+    own quantization error and bf16's output rounding (2^-9).
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
@@ -163,33 +208,45 @@ def _moe_gemv_words_kernel(
     offs_i = tl.arange(0, BW)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         wi = tl.multiple_of(k0 // 8, BW) + offs_i
-        i_mask = wi < k_hi // 8
-        x0, r0 = _x_plane(x_ptr, wi, i_mask, 0, 1.0)
-        x1, r1 = _x_plane(x_ptr, wi, i_mask, 1, 0.0625)
-        x2, r2 = _x_plane(x_ptr, wi, i_mask, 2, 0.00390625)
-        x3, r3 = _x_plane(x_ptr, wi, i_mask, 3, 0.000244140625)
-        x4, r4 = _x_plane(x_ptr, wi, i_mask, 4, 0.0000152587890625)
-        x5, r5 = _x_plane(x_ptr, wi, i_mask, 5, 0.00390625)
-        x6, r6 = _x_plane(x_ptr, wi, i_mask, 6, 0.000244140625)
-        x7, r7 = _x_plane(x_ptr, wi, i_mask, 7, 0.0000152587890625)
-        x_sum = r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7
-        w_mask = n_mask[:, None] & i_mask[None, :]
+        if EVEN:
+            i_mask = offs_i < BW
+            w_mask = n_mask[:, None]
+        else:
+            i_mask = wi < k_hi // 8
+            w_mask = n_mask[:, None] & i_mask[None, :]
+        x0 = _x_plane(x_ptr, wi, i_mask, 0)
+        x1 = _x_plane(x_ptr, wi, i_mask, 1)
+        x2 = _x_plane(x_ptr, wi, i_mask, 2)
+        x3 = _x_plane(x_ptr, wi, i_mask, 3)
+        x4 = _x_plane(x_ptr, wi, i_mask, 4)
+        x5 = _x_plane(x_ptr, wi, i_mask, 5)
+        x6 = _x_plane(x_ptr, wi, i_mask, 6)
+        x7 = _x_plane(x_ptr, wi, i_mask, 7)
+        pw, inv = _step_scale(x0, x1, x2, x3, x4, x5, x6, x7)
+        h0 = x0 * inv
+        h1 = x1 * inv
+        h2 = x2 * inv
+        h3 = x3 * inv
+        h4 = x4 * inv
+        h5 = x5 * inv
+        h6 = x6 * inv
+        h7 = x7 * inv
         if BLOCK_K <= GROUP:  # one group per step (groups: powers of 2, or the row)
             g_col = tl.zeros([1, 1], dtype=tl.int32) + k0 // GROUP
             s_mask = n_mask[:, None]
         else:
             g_col = (wi // WG)[None, :]
-            s_mask = w_mask
+            s_mask = n_mask[:, None] & i_mask[None, :]
         acc += _word_step(
             w_e, rows * stride_wn + wi[None, :], w_mask, s_e, z_e,
-            rows * stride_sn + g_col, s_mask,
-            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_ZP, ASM,
+            rows * stride_sn + g_col, s_mask, pw,
+            h0, h1, h2, h3, h4, h5, h6, h7, HAS_ZP, ASM,
         )  # fmt: skip
         if GATED:
             acc_up += _word_step(
                 w_e, up_rows * stride_wn + wi[None, :], w_mask, s_e, z_e,
-                up_rows * stride_sn + g_col, s_mask,
-                x0, x1, x2, x3, x4, x5, x6, x7, x_sum, HAS_ZP, ASM,
+                up_rows * stride_sn + g_col, s_mask, pw,
+                h0, h1, h2, h3, h4, h5, h6, h7, HAS_ZP, ASM,
             )  # fmt: skip
     _gemv_store(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr,

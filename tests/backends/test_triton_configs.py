@@ -167,8 +167,8 @@ def test_gemv_is_the_decode_rule() -> None:
 
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bytes for <= 8 pairs of small experts; int32 words for more or larger ones;
-    16-bit weights their own tiles."""
+    """int32 words wherever w13 is whole aligned words (8-row tiles for <= 8 pairs of
+    at most 2^14 gate rows), else bytes; 16-bit weights their own tiles."""
     monkeypatch.setattr(fused, "is_interpreting", lambda: False)
 
     def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
@@ -176,14 +176,17 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
             data=torch.empty(8, 2 * f, d // 2, dtype=torch.uint8, device="meta")
         )
 
-    assert fused.pick_gemv_tiles(8, w13(2048, 768)) is configs.GEMV_FEW  # Qwen3-30B
-    assert fused.pick_gemv_tiles(8, w13(4096, 1536)) is configs.GEMV_FEW  # Qwen3-235B
-    assert (
-        fused.pick_gemv_tiles(8, w13(7168, 2048)) is configs.GEMV_WORDS
-    )  # DeepSeek-V3
-    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is configs.GEMV_WORDS  # Mixtral
-    assert fused.pick_gemv_tiles(9, w13(2048, 768)) is configs.GEMV_WORDS
-    assert configs.GEMV_WORDS.words
+    narrow, wide = configs.GEMV_WORDS_NARROW, configs.GEMV_WORDS
+    assert fused.pick_gemv_tiles(8, w13(2048, 768)) is narrow  # Qwen3-30B-A3B M = 1
+    assert fused.pick_gemv_tiles(8, w13(4096, 1536)) is narrow  # Qwen3-235B M = 1
+    assert fused.pick_gemv_tiles(8, w13(7168, 2048)) is narrow  # 2^14 rows: DeepSeek-V3
+    assert fused.pick_gemv_tiles(8, w13(7168, 2056)) is wide  # one row past 2^14
+    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is wide  # Mixtral M = 1
+    assert fused.pick_gemv_tiles(9, w13(2048, 768)) is wide  # 9 pairs
+    assert fused.pick_gemv_tiles(32, w13(7168, 2048)) is wide  # DeepSeek-V3 M = 4
+    assert fused.pick_gemv_tiles(1, w13(100, 64)) is configs.GEMV_FEW  # K = 100: bytes
+    assert narrow.words
+    assert wide.words
     assert not configs.GEMV_FEW.words
     dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
     assert fused.pick_gemv_tiles(8, dense) is configs.GEMV_16BIT

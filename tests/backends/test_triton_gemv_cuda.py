@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cuda
 
 KERNELS = {
     "bytes": GemvTiles(block_n=16, block_k=512),
-    "words": GemvTiles(block_n=32, block_k=128, num_warps=2, words=True),
+    "words": GemvTiles(block_n=16, block_k=256, num_warps=1, words=True),
 }
 """Each kernel with fixed tiles, whatever the table picks."""
 
@@ -120,8 +120,9 @@ def test_gemv_cuda_graph(kernel: str) -> None:
 
 
 WORD_TILES = [  # (block_n, block_k, warps, w2_split): the table's candidates, H200
-    (32, 128, 2, None), (64, 128, 2, None), (32, 128, 4, None), (16, 256, 2, None),
-    (32, 256, 4, None), (64, 128, 2, 3), (16, 64, 2, 2),
+    (16, 256, 1, None), (8, 256, 1, None), (32, 128, 1, None), (32, 128, 2, None),
+    (64, 128, 2, None), (16, 256, 2, None), (32, 256, 4, None), (64, 128, 2, 3),
+    (16, 64, 2, 2),
 ]  # fmt: skip
 
 
@@ -149,6 +150,42 @@ def test_gemv_word_tiles(
     check_fused(
         config, scheme, dtype, 2, seed=4, path="gemv", drop=True, gemv_tiles=tiles
     )
+
+
+def _outlier_and_zero_token(x: torch.Tensor) -> torch.Tensor:
+    """One input 3000x the rest in token 0, token 1 all zeros (all-zero steps)."""
+    x = x.clone()
+    x[0, 5] = 3000.0
+    x[1] = 0.0
+    return x
+
+
+HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
+    "bf16-1e5": (torch.bfloat16, lambda x: x * 1e5),  # products past float16's range
+    "bf16-1e-6": (torch.bfloat16, lambda x: x * 1e-6),  # below float16's normals
+    "bf16-1e15": (torch.bfloat16, lambda x: x * 1e15),  # 1e30 after gate * up
+    "fp16-1e-4": (torch.float16, lambda x: x * 1e-4),
+    "bf16-outlier-zero-token": (torch.bfloat16, _outlier_and_zero_token),
+}
+
+
+@pytest.mark.parametrize("shape", HIDDEN_SHAPES)
+@pytest.mark.parametrize(
+    "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
+)
+def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> None:
+    """The word GEMV multiplies in float16 pairs: each step's input is scaled by a
+    power of two first, so inputs far outside float16's range (or below its normals)
+    and a step of zeros keep the float32 reference's relative error."""
+    dtype, shape_hidden = HIDDEN_SHAPES[shape]
+    config = MoEConfig(
+        num_experts=32, top_k=4, hidden_size=1024, intermediate_size=512,
+        activation="gelu",
+    )  # fmt: skip
+    check_fused(
+        config, scheme, dtype, 3, seed=6, path="gemv", gemv_tiles=KERNELS["words"],
+        shape_hidden=shape_hidden,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

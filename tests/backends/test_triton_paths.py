@@ -93,6 +93,32 @@ def test_gemv_loop_variants_match_oracle(
     run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
 
 
+@pytest.mark.parametrize("scale", [1e-6, 1e6, 1e15], ids=str)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[1]], ids=lambda s: s.name)
+def test_word_gemv_scales_inputs_of_any_magnitude(
+    scale: float, scheme: Int4Scheme, generator: torch.Generator
+) -> None:
+    """Each step's input is divided by a power of two and its result multiplied back
+    (float16 products on the GPU): exact here at any magnitude, and a token of zeros
+    (steps whose largest input is 0) gives zeros. gelu: erf does not overflow in the
+    interpreter's numpy where silu's exp would (warnings are errors here); 1e15 gives
+    1e30 after the gated product, inside bf16's range."""
+    config = tiny_config("gelu")
+    weights = weights_for(scheme, torch.bfloat16, generator)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(3, D, generator=generator) * scale
+    hidden_TD[1] = 0.0
+    hidden_TD = hidden_TD.to(torch.bfloat16)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    out = fused_moe(
+        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+        gemv_tiles=WORDS_GEMV,
+    )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
+
+
 def _gemm_tiles(
     w13_k: int = 64,
     w2_k: int = 32,

@@ -101,17 +101,22 @@ def check_fused(
     drop: bool = False,
     tiles: MoETiles | None = None,
     gemv_tiles: GemvTiles | None = None,
+    shape_hidden: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """One ``fused_moe`` forward of triton-w4a16's weights against the oracle.
 
-    With ``config.expert_bias`` the weights carry random gpt-oss biases.
+    With ``config.expert_bias`` the weights carry random gpt-oss biases;
+    ``shape_hidden`` maps the float32 N(0, 1) hidden states before their cast.
     """
     generator = torch.Generator().manual_seed(seed)
     weights = int4_weights(config, scheme, dtype, generator)
     if config.expert_bias:
         weights = with_biases(weights, generator)
     prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
-    hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
+    hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda")
+    if shape_hidden is not None:
+        hidden_TD = shape_hidden(hidden_TD)
+    hidden_TD = hidden_TD.to(dtype)
     routing = gpu_routing(config, tokens, drop=drop)
     out = fused_moe(
         hidden_TD, prepared.w13, prepared.w2, routing, config, tiles=tiles,
