@@ -1,18 +1,21 @@
 """Experimental decode GEMV of bench/probe_gemv.py: packed-half products (inline PTX).
 
+The prototype of the library's half2 word GEMV (``_kernels_gemv_words.py``), kept with
+its input variants (``XMODE``) for ``PROBE_SET=h2``; symmetric weights only.
+
 ``_gemv_h2`` reads int32 words of 8 codes and turns two codes into a half2 with one
 LOP3 (``0x6400`` is float16 1024: OR-ing ``q`` or ``16 q`` into its mantissa gives
 ``1024 + q`` / ``1024 + 16 q`` exactly), takes the zero point off with one HADD2 / HFMA2
 per two codes and multiplies with one HFMA2 per two codes against the input, itself
 packed as half2 pairs ``(x[8i + j], x[8i + j + 4])``. Each word's 8 products are summed
 in float16 (at most 8 * 8 * 2 = 128 in size) and the two halves added in float32, so
-about 2 instructions a code against the word GEMV's 5.1.
+about 2 instructions a code against the float32 word GEMV's 5.1.
 
 Float16 products need the input in range: each step divides its input block by the
 power of two at or below its largest magnitude (exact), so every scaled input is below
-2 in size, and multiplies that power back into the row's scale. Values more than 2^24
-below the block's largest become float16 subnormals or zero; their share of the sum is
-below float32's own rounding of it.
+2 in size, and multiplies that power back into the row's scale. Values more than 2^14
+below the block's largest become float16 subnormals (kept to 2^-24 of it), more than
+2^25 below it zero.
 """
 
 # ruff: noqa: TID253
@@ -22,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backends.triton._kernels_gemv_words import _half2
 from backends.triton._launch import ExpertMatrix
 
 _H2_ASM = tl.constexpr("""{
@@ -52,18 +56,6 @@ add.f32 $0, flo, fhi;
 """``$0 = sum_j (code_j - 8) x_j`` of word ``$1`` against half2 pairs ``$2..$5`` =
 ``(x_0, x_4), (x_1, x_5), (x_2, x_6), (x_3, x_7)``. ``0x6408`` = 1032, ``0x2C00`` = 1/16,
 ``0xD480`` = -72: ``(1024 + 16 q) / 16 - 72 = q - 8``."""
-
-
-@triton.jit
-def _half_bits(x):
-    """Float32 tensor -> float16 bits in the low 16 bits of an int32 (high bits 0)."""
-    return x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-
-
-@triton.jit
-def _pair(lo, hi):
-    """Two float32 tensors -> half2 words ``(lo, hi)`` as int32."""
-    return _half_bits(lo) | (_half_bits(hi) << 16)
 
 
 @triton.jit
@@ -136,10 +128,10 @@ def _gemv_h2(
             pw = ebits.to(tl.float32, bitcast=True)
             if XMODE == 1:
                 pw = pw[None, :]
-            p0 = _pair(x0 * inv, x4 * inv)
-            p1 = _pair(x1 * inv, x5 * inv)
-            p2 = _pair(x2 * inv, x6 * inv)
-            p3 = _pair(x3 * inv, x7 * inv)
+            p0 = _half2(x0 * inv, x4 * inv)
+            p1 = _half2(x1 * inv, x5 * inv)
+            p2 = _half2(x2 * inv, x6 * inv)
+            p3 = _half2(x3 * inv, x7 * inv)
         w_mask = n_mask[:, None] & i_mask[None, :]
         if EVEN:
             w_mask = n_mask[:, None]

@@ -93,7 +93,8 @@ def run_path(
     gemv_tiles: GemvTiles | None = None,
     tiles: MoETiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, TritonW4A16Prepared, Routing, MoEConfig]:
-    """Run ``path`` on a tiny layer; returns (out, oracle, prepared, routing, config).
+    """Run ``path`` on a tiny layer, checked against the oracle; returns (out, hidden
+    states, prepared, routing, config).
 
     With ``drop``, token ``tokens // 2``'s first choice is an expert held elsewhere.
     """
