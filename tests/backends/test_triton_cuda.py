@@ -4,7 +4,6 @@ routing options, sizes up to real model layers, CUDA graphs and no host sync.
 Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
 
-import attrs
 import pytest
 import torch
 
@@ -28,6 +27,7 @@ from tests.backends.triton_cuda_cases import (
     run_without_host_sync,
     with_biases,
 )
+from tests.backends.weight_views import strided_weights
 from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
 
 pytestmark = pytest.mark.cuda
@@ -64,15 +64,7 @@ def _check(
     if config.expert_bias:
         weights = with_biases(weights, generator)
     if strided:  # the same values in transposed-copy views (not contiguous)
-        weights = attrs.evolve(
-            weights,
-            w13_qdata=_strided(weights.w13_qdata),
-            w13_scale=_strided(weights.w13_scale),
-            w2_qdata=_strided(weights.w2_qdata),
-            w2_scale=_strided(weights.w2_scale),
-            w13_zero_point=_strided_or_none(weights.w13_zero_point),
-            w2_zero_point=_strided_or_none(weights.w2_zero_point),
-        )
+        weights = strided_weights(weights)
         assert not weights.w13_qdata.is_contiguous()
     backend, prepared = _prepare(name, weights, config, dtype)
     hidden_TD = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
@@ -84,14 +76,6 @@ def _check(
     assert bool(torch.isfinite(out).all())
     if tokens:
         assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
-
-
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def _strided_or_none(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else _strided(t)
 
 
 def _config(

@@ -42,6 +42,7 @@ from tests.backends.triton_interpreter_cases import (
     tiny_config,
     weights_for,
 )
+from tests.backends.weight_views import strided, strided_weights
 from tests.tolerances import (
     INTERPRETER_INT4_REL_L2,
     KERNEL_VS_ORACLE,
@@ -268,11 +269,6 @@ def test_emulation_takes_the_gemv_at_decode() -> None:
     assert not use_gemv(E // 2 + 1, dense)
 
 
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s values with a non-contiguous last dimension (a transposed copy's view)."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
-
-
 @pytest.mark.parametrize("path", ["gemv", "gemm", "dequant"])
 def test_strided_weights_are_copied_contiguous_at_prepare(
     path: Path, generator: torch.Generator
@@ -280,14 +276,7 @@ def test_strided_weights_are_copied_contiguous_at_prepare(
     """``from_quantized`` takes strided views as they are; the kernels read rows."""
     weights = weights_for(SCHEMES[1], torch.bfloat16, generator)  # zero points too
     assert weights.w13_zero_point is not None
-    strided = attrs.evolve(
-        weights,
-        w13_qdata=_strided(weights.w13_qdata),
-        w13_scale=_strided(weights.w13_scale),
-        w13_zero_point=_strided(weights.w13_zero_point),
-        w2_qdata=_strided(weights.w2_qdata),
-        w2_scale=_strided(weights.w2_scale),
-    )
+    strided = strided_weights(weights)
     assert not strided.w13_qdata.is_contiguous()
     config = tiny_config()
     prepared = TritonW4A16Backend().prepare(strided, config, dtype=torch.bfloat16)
@@ -306,9 +295,9 @@ def test_expert_matrix_refuses_strided_rows() -> None:
     data = torch.zeros(2, 8, 4, dtype=torch.uint8)
     scale = torch.ones(2, 8, 2)
     with pytest.raises(ValueError, match=r"ExpertMatrix\.data needs a contiguous"):
-        ExpertMatrix(data=_strided(torch.zeros(2, 4, 8, dtype=torch.uint8)))
+        ExpertMatrix(data=strided(torch.zeros(2, 4, 8, dtype=torch.uint8)))
     with pytest.raises(ValueError, match=r"ExpertMatrix\.scale needs a contiguous"):
-        ExpertMatrix(data=data, scale=_strided(torch.ones(2, 2, 8)), group_size=4)
+        ExpertMatrix(data=data, scale=strided(torch.ones(2, 2, 8)), group_size=4)
     with pytest.raises(ValueError, match=r"zero_point needs the scale's strides"):
         ExpertMatrix(
             data=data,

@@ -41,14 +41,18 @@ def weights_for(
     return quantize_expert_weights(w13, w2, scheme, scale_dtype=dtype)
 
 
-def tiny_config(activation: Activation = "silu", *, top_k: int = 2) -> MoEConfig:
-    """The tiny layer's config: ``E`` experts, ``D`` hidden, ``F`` intermediate."""
+def tiny_config(
+    activation: Activation = "silu", *, top_k: int = 2, on_input: bool = False
+) -> MoEConfig:
+    """The tiny layer's config: ``E`` experts, ``D`` hidden, ``F`` intermediate;
+    ``on_input``: ``apply_router_weight_on_input``."""
     return MoEConfig(
         num_experts=E,
         top_k=top_k,
         hidden_size=D,
         intermediate_size=F,
         activation=activation,
+        apply_router_weight_on_input=on_input,
     )
 
 
@@ -73,14 +77,7 @@ PathCase = tuple[Int4Scheme, Activation, torch.dtype, int, bool]
 def path_config(case: PathCase) -> MoEConfig:
     """The tiny layer's config with ``case``'s activation, top_k and router-weight flag."""
     _, activation, _, top_k, on_input = case
-    return MoEConfig(
-        num_experts=E,
-        top_k=top_k,
-        hidden_size=D,
-        intermediate_size=F,
-        activation=activation,
-        apply_router_weight_on_input=on_input,
-    )
+    return tiny_config(activation, top_k=top_k, on_input=on_input)
 
 
 def run_path(
