@@ -71,11 +71,25 @@ DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (16, 512, 4, 3),
 ]
 DECODE_GEMV = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (16, 1024, 8)]
-WORD_GEMV = [  # (block_n, block_k, warps, w2_split or None for gemv_split_for)
-    (16, 128, 1, None), (32, 128, 1, None), (8, 256, 1, None), (16, 256, 1, None),
-    (32, 128, 2, None), (64, 128, 2, None), (16, 128, 1, 1), (16, 256, 1, 1),
-    (16, 256, 1, 2), (8, 128, 1, None),
+WORD_GEMV = [  # (block_n, block_k, warps, w2_split or None, prefetch, loop_stages)
+    (16, 256, 1, None, False, None), (8, 256, 1, None, False, None),
+    (16, 256, 1, None, True, None), (8, 256, 1, None, True, None),
+    (16, 256, 1, None, False, 2), (16, 256, 1, None, False, 3),
+    (8, 256, 1, None, False, 3), (16, 512, 1, None, False, None),
+    (8, 512, 1, None, False, None), (16, 512, 1, None, True, None),
+    (32, 256, 2, None, True, None), (16, 128, 1, None, True, None),
 ]  # fmt: skip
+"""Word GEMV variants (``sweep_tiles.py words``); the first two were the table's
+before the prefetch sweep (``sweeps/sweep_words_prefetch_h200.log``)."""
+WORD_GEMV_ROUND2 = [
+    (16, 256, 1, None, False, None), (8, 512, 1, None, False, None),
+    (8, 512, 1, None, True, None), (16, 256, 1, None, True, None),
+    (8, 1024, 1, None, False, None), (16, 512, 2, None, False, None),
+    (8, 512, 2, None, False, None), (8, 256, 1, None, True, None),
+    (4, 512, 1, None, False, None), (8, 512, 1, 1, False, None),
+    (8, 512, 1, None, False, None),
+]  # fmt: skip
+"""``SWEEP_WORDS=2``: around the first sweep's best; 8 x 512 twice (run-to-run noise)."""
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -112,11 +126,16 @@ def variants(
         return {}  # group_fns
     if mode == "words":
         out_w: dict[str, dict[str, object]] = {"auto": {}}
-        for bn, bk, w, split in WORD_GEMV:
+        word_set = (
+            WORD_GEMV_ROUND2 if os.environ.get("SWEEP_WORDS") == "2" else WORD_GEMV
+        )
+        for i, (bn, bk, w, split, pre, stages) in enumerate(word_set):
             gt = GemvTiles(
-                block_n=bn, block_k=bk, num_warps=w, w2_split=split, words=True
-            )
-            out_w[f"words bn{bn} bk{bk} w{w} split{split}"] = {
+                block_n=bn, block_k=bk, num_warps=w, w2_split=split, words=True,
+                prefetch=pre, loop_stages=stages,
+            )  # fmt: skip
+            name = f"words bn{bn} bk{bk} w{w} split{split} pre{int(pre)} st{stages}"
+            out_w[name if name not in out_w else f"{name} #{i}"] = {
                 "gemv_tiles": gt,
                 "path": "gemv",
             }

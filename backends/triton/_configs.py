@@ -68,13 +68,14 @@ class GemvTiles:
         block_n: output rows per program.
         block_k: reduction elements per step.
         num_warps: warps per program.
-        prefetch: load the next step's bytes before this step's math.
+        prefetch: load the next step's weights (the word kernel: also its scales,
+            zero points and inputs) before this step's math.
         loop_stages: software-pipeline depth Triton is asked for on the K loop
             (``None``: its default).
         w2_split: K splits of the w2 GEMV (``None``: ``gemv_split_for``).
         words: read int32 words of 8 codes (``_kernels_gemv_words.py``) where the
-            weights allow it (``int4_words_fit``); ``prefetch`` and ``loop_stages``
-            apply to the byte kernel only.
+            weights allow it (``int4_words_fit``). ``prefetch`` and ``loop_stages``
+            apply to the int4 kernels (bytes and words), not the 16-bit one.
     """
 
     block_n: int
@@ -120,23 +121,25 @@ GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
 (``int4_words_fit``: K or the group not a multiple of 8); there ``use_gemv`` allows at
 most ``GEMV_FEW_PAIRS`` pairs. Before the half2 word GEMV this also served <= 8 pairs
 of small experts (M = 1: 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, H200)."""
-GEMV_WORDS: Final = GemvTiles(block_n=16, block_k=256, num_warps=1, words=True)
+GEMV_WORDS: Final = GemvTiles(block_n=8, block_k=512, num_warps=1, words=True)
 """Decode GEMV on int32 words (half2 products, ``_kernels_gemv_words.py``) wherever the
-weights are whole aligned words, but the few narrow cases of ``GEMV_WORDS_NARROW``.
-H200, graph replay of the whole layer (bench/sweeps/sweep_words_half2_h200.log, ms):
-Mixtral M = 1 0.105 (0.131 with the previous 32 x 128, 2 warps; the float32 word
-GEMV took 0.118 in the last benchmark); M = 4 (29-32 pairs) Qwen3-30B-A3B 0.052 (0.071),
-Qwen3-235B 0.174 (0.178), DeepSeek-V3 0.301 (0.437; 0.373 for the float32 kernel).
-Of the ten tiles swept (8-64 rows, 128 or 256 columns, 1 or 2 warps, w2 split 1, 2 or
-by ``gemv_split_for``) it was fastest or within 3% in these cases."""
-GEMV_WORDS_NARROW: Final = GemvTiles(block_n=8, block_k=256, num_warps=1, words=True)
-"""The word GEMV at <= ``GEMV_FEW_PAIRS`` pairs of at most ``GEMV_NARROW_MAX_ROWS``
-gate rows in all (pairs x intermediate size), where 8-row programs give the GPU enough
-of them: M = 1 Qwen3-30B-A3B 0.032 ms (0.037 at 16 rows; the byte GEMV took 0.030 in
-the last benchmark), Qwen3-235B 0.066 (0.074; bytes 0.073), DeepSeek-V3 0.108 (0.124;
-float32 words 0.133). Mixtral's 2 x 14336 rows keep 16 (0.105 vs 0.120)."""
-GEMV_NARROW_MAX_ROWS: Final = 1 << 14
-"""Routed pairs x intermediate size up to which <= 8 pairs take ``GEMV_WORDS_NARROW``."""
+weights are whole aligned words. H200, graph replay of the whole layer, ms
+(bench/sweeps/sweep_words_prefetch_h200.log, sweep_words_round2_h200.log; second sweep
+first): Mixtral M = 1 0.095 (0.122 with the previous 16 x 256), M = 4 0.300 (the GEMM
+0.382); Qwen3-235B M = 1 0.048 (0.055 at 8 x 256), M = 4 0.141 (0.152); Qwen3-30B-A3B
+M = 1 0.024 (0.026), M = 4 0.049 (0.047 at 16 x 256). Of 18 tiles (4-32 rows, 128-1024
+columns, 1 or 2 warps, prefetch, Triton's pipelining, w2 split 1 or by
+``gemv_split_for``) it was fastest or within 6% there, but on DeepSeek-V3 (17% off at
+M = 1; ``GEMV_WORDS_PREFETCH``)."""
+GEMV_WORDS_PREFETCH: Final = attrs.evolve(GEMV_WORDS, prefetch=True)
+"""``GEMV_WORDS`` loading each step's words, scales and inputs one step ahead, for w13
+of ``GEMV_PREFETCH_MIN_STEPS`` steps or more: DeepSeek-V3 (K = 7168, 14 steps) M = 1
+0.088 ms against 0.102, M = 4 0.295 against 0.302 (16 x 256 with prefetch: 0.088 /
+0.283). Shorter loops lost with it: Qwen3-235B (8 steps) M = 1 0.053 vs 0.048,
+Qwen3-30B-A3B (4 steps) M = 4 0.053 vs 0.049; Mixtral (8 steps) tied."""
+GEMV_PREFETCH_MIN_STEPS: Final = 12
+"""w13 steps (``hidden / GEMV_WORDS.block_k``) from which ``GEMV_WORDS_PREFETCH`` is
+taken; set between the one model that gained (14 steps) and those that did not (<= 8)."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's
@@ -152,14 +155,18 @@ GEMV_16BIT_MAX_EXPERT: Final = 1 << 23
 DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 32
-"""``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs, and up to this
-many where w13 reads as int32 words (``int4_words_fit``); always at most one pair per
-two experts. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
+"""``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
+experts), and up to this many (and <= one per expert) where w13 reads as int32 words
+(``int4_words_fit``). Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
 sweep_operands_round2_h200.log): at M = 1 the GEMV was faster on all four model shapes
 (Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142,
 Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B and
 DeepSeek-V3, and the word GEMV then beat both (``GEMV_WORDS``); at M = 16 (128 pairs)
-the GEMM won on DeepSeek-V3 by 1.3x (1.34 vs 1.72), hence the bound."""
+the GEMM won on DeepSeek-V3 by 1.3x (1.34 vs 1.72), hence the bound. One pair per
+expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log and
+sweep_words_mixtral_m2_8_h200.log): the word GEMV at M = 3 / 4 took 0.239 / 0.300 ms
+against the GEMM's 0.291 / 0.382; at M = 6 and 8 (1.5 and 2 pairs per expert) the GEMM
+won (0.340 vs 0.424, 0.431 vs 0.559)."""
 GEMV_BY_DEFAULT: Final = True
 """Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it."""
 GEMV_INTERPRETER: Final = GemvTiles(block_n=16, block_k=64)

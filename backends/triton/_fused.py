@@ -52,22 +52,24 @@ Path = Literal["auto", "gemm", "gemv", "dequant"]
 def use_gemv(
     num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
 ) -> bool:
-    """Decode rule: <= one pair per two experts, and few pairs.
+    """Decode rule: few pairs, each expert used by about one.
 
-    Few: <= ``GEMV_FEW_PAIRS``, or for int4 <= ``GEMV_MAX_PAIRS`` where w13 reads as
-    int32 words (``int4_words_fit``). Then pairs rarely share an expert, so the
-    pair-major GEMV reads each used expert's weights about once, without the GEMM's
-    16-row minimum or its alignment (two fewer launches). 16-bit weights (emulation)
-    take it only for experts below ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``).
+    int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and
+    <= one per expert. Other int4 (the byte GEMV) and 16-bit weights (emulation):
+    <= ``GEMV_FEW_PAIRS`` and <= one pair per two experts; 16-bit only for experts
+    below ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). Then pairs seldom share an
+    expert, so the pair-major GEMV reads each used expert's weights about once (1.5
+    times on average at one pair per expert under uniform routing), without the
+    GEMM's 16-row minimum or its alignment (two fewer launches).
     """
-    if not (enabled and 2 * num_pairs <= int(w13.data.shape[0])):
+    experts = int(w13.data.shape[0])
+    if not enabled:
         return False
-    if not w13.is_int4:
-        small = _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
-        return small and num_pairs <= configs.GEMV_FEW_PAIRS
-    if num_pairs <= configs.GEMV_FEW_PAIRS:
-        return True
-    return num_pairs <= configs.GEMV_MAX_PAIRS and int4_words_fit(w13)
+    if w13.is_int4 and int4_words_fit(w13):
+        return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
+    if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
+        return False
+    return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
 
 
 def _expert_size(w13: ExpertMatrix) -> int:
@@ -100,14 +102,14 @@ def pick_tiles(
     )
 
 
-def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
+def pick_gemv_tiles(w13: ExpertMatrix) -> GemvTiles:
     """GEMV tiles: ``GEMV_16BIT``, or for int4 int32 words or bytes.
 
     int4: where w13 reads as whole aligned words (``int4_words_fit``) ``GEMV_WORDS``,
-    or ``GEMV_WORDS_NARROW`` for <= ``GEMV_FEW_PAIRS`` pairs of at most
-    ``GEMV_NARROW_MAX_ROWS`` gate rows in all; else the byte kernel's ``GEMV_FEW``
-    (``use_gemv`` then allows <= ``GEMV_FEW_PAIRS`` pairs). A w2 that is not whole
-    words under word tiles runs the byte kernel with them (``launch_gemv``).
+    with the next step's loads issued before each step's math (``GEMV_WORDS_PREFETCH``)
+    where w13 takes ``GEMV_PREFETCH_MIN_STEPS`` steps or more; else the byte kernel's
+    ``GEMV_FEW`` (``use_gemv`` then allows <= ``GEMV_FEW_PAIRS`` pairs). A w2 that is
+    not whole words under word tiles runs the byte kernel with them (``launch_gemv``).
     """
     if is_interpreting():
         return configs.GEMV_INTERPRETER
@@ -115,10 +117,9 @@ def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
         return configs.GEMV_16BIT
     if not int4_words_fit(w13):
         return configs.GEMV_FEW
-    gate_rows = num_pairs * (int(w13.data.shape[1]) // 2)
-    narrow = gate_rows <= configs.GEMV_NARROW_MAX_ROWS
-    if num_pairs <= configs.GEMV_FEW_PAIRS and narrow:
-        return configs.GEMV_WORDS_NARROW
+    steps = 2 * int(w13.data.shape[2]) // configs.GEMV_WORDS.block_k
+    if steps >= configs.GEMV_PREFETCH_MIN_STEPS:
+        return configs.GEMV_WORDS_PREFETCH
     return configs.GEMV_WORDS
 
 
@@ -133,7 +134,7 @@ def _gemv_moe(
     """The ``gemv`` path: two pair-major GEMVs (int4 or 16-bit) and the top-k sum."""
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
-    chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs, w13)
+    chosen = tiles if tiles is not None else pick_gemv_tiles(w13)
     dtype = buffer_dtype(x_TD.dtype)
     inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
     launch_gemv(

@@ -111,19 +111,68 @@ def _word_dot(words, z, h0, h1, h2, h3, h4, h5, h6, h7, ASM: tl.constexpr):
 
 
 @triton.jit
+def _word_loads(
+    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
+    GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    GATED: tl.constexpr, HAS_ZP: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """One step's loads: words, scales and zero points (gate, up) and the 8 input planes.
+
+    Masked off past ``k_hi`` (the step a prefetching loop loads after its last);
+    ``EVEN`` steps have no K masks otherwise. Non-gated: the up values repeat the gate's.
+    """
+    BW: tl.constexpr = BLOCK_K // 8
+    WG: tl.constexpr = GROUP // 8
+    wi = tl.multiple_of(k0 // 8, BW) + offs_i
+    row_mask = n_mask[:, None]
+    if PREFETCH:
+        row_mask = row_mask & (k0 < k_hi)
+    if EVEN:
+        i_mask = offs_i < BW
+        if PREFETCH:
+            i_mask = i_mask & (k0 < k_hi)
+        w_mask = row_mask
+    else:
+        i_mask = wi < k_hi // 8
+        w_mask = row_mask & i_mask[None, :]
+    if BLOCK_K <= GROUP:  # one group per step (groups: powers of 2, or the row)
+        g_col = tl.zeros([1, 1], dtype=tl.int32) + k0 // GROUP
+        s_mask = row_mask
+    else:
+        g_col = (wi // WG)[None, :]
+        s_mask = row_mask & i_mask[None, :]
+    words = tl.load(w_e + rows * stride_wn + wi[None, :], mask=w_mask, other=0)
+    s = tl.load(s_e + rows * stride_sn + g_col, mask=s_mask, other=0.0)
+    if HAS_ZP:
+        z = tl.load(z_e + rows * stride_sn + g_col, mask=s_mask, other=0)
+    else:
+        z = tl.full([1, 1], 8, tl.int32)
+    words_up = words
+    s_up = s
+    z_up = z
+    if GATED:
+        words_up = tl.load(
+            w_e + up_rows * stride_wn + wi[None, :], mask=w_mask, other=0
+        )
+        s_up = tl.load(s_e + up_rows * stride_sn + g_col, mask=s_mask, other=0.0)
+        if HAS_ZP:
+            z_up = tl.load(z_e + up_rows * stride_sn + g_col, mask=s_mask, other=0)
+    return (
+        words, words_up, s, s_up, z, z_up,
+        _x_plane(x_ptr, wi, i_mask, 0), _x_plane(x_ptr, wi, i_mask, 1),
+        _x_plane(x_ptr, wi, i_mask, 2), _x_plane(x_ptr, wi, i_mask, 3),
+        _x_plane(x_ptr, wi, i_mask, 4), _x_plane(x_ptr, wi, i_mask, 5),
+        _x_plane(x_ptr, wi, i_mask, 6), _x_plane(x_ptr, wi, i_mask, 7),
+    )  # fmt: skip
+
+
+@triton.jit
 def _word_step(
-    w_e, w_offs, w_mask, s_e, z_e, s_offs, s_mask, pw,
-    h0, h1, h2, h3, h4, h5, h6, h7,
-    HAS_ZP: tl.constexpr, ASM: tl.constexpr,
+    words, s, z, pw, h0, h1, h2, h3, h4, h5, h6, h7, ASM: tl.constexpr,
 ):  # fmt: skip
     """``scale * 2^E * sum_j (code_j - z) h_j`` per word of a ``[BLOCK_N, BW]`` tile."""
-    words = tl.load(w_e + w_offs, mask=w_mask, other=0)
-    s = tl.load(s_e + s_offs, mask=s_mask, other=0.0).to(tl.float32)
-    if HAS_ZP:
-        z = tl.load(z_e + s_offs, mask=s_mask, other=0).to(tl.float32)
-    else:
-        z = tl.full([1, 1], 8.0, tl.float32)
-    return _word_dot(words, z, h0, h1, h2, h3, h4, h5, h6, h7, ASM) * (s * pw)
+    t = _word_dot(words, z.to(tl.float32), h0, h1, h2, h3, h4, h5, h6, h7, ASM)
+    return t * (s.to(tl.float32) * pw)
 
 
 @triton.jit
@@ -163,6 +212,8 @@ def _moe_gemv_words_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
     ASM: tl.constexpr,
 ):
     """``_moe_gemv_kernel``'s contract on int32 words, products in float16 pairs.
@@ -170,7 +221,9 @@ def _moe_gemv_words_kernel(
     Grid, K splits, ``GATED``, ``WEIGHT_ROWS`` and ``HAS_BIAS`` as there. Needs
     ``K % 8 == 0`` and ``GROUP % 8 == 0`` (``int4_words_fit``); ``EVEN``: every step is
     whole (``K`` and ``k_per_split`` multiples of ``BLOCK_K``), so no K masks (16-byte
-    loads). Per step each program reads ``BLOCK_N`` rows of ``BW = BLOCK_K / 8`` words
+    loads). ``PREFETCH`` issues step ``k + 1``'s loads (words, scales, zero points,
+    inputs) before step ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K
+    loop (None: its default). Per step each program reads ``BLOCK_N`` rows of ``BW = BLOCK_K / 8`` words
     and the 8 input planes ``x[8 wi + j]``, divides them by ``2^E``, the power of two
     at or below their largest magnitude (exact; every scaled input is below 2, so the
     float16 products and their sums of 8, at most 2 * 15 * 8 in size, stay in range),
@@ -191,7 +244,6 @@ def _moe_gemv_words_kernel(
     if e < 0:
         return
     BW: tl.constexpr = BLOCK_K // 8
-    WG: tl.constexpr = GROUP // 8
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     rows = offs_n.to(tl.int64)[:, None]
@@ -206,48 +258,37 @@ def _moe_gemv_words_kernel(
     acc = tl.zeros([BLOCK_N, BW], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BW], dtype=tl.float32)
     offs_i = tl.arange(0, BW)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        wi = tl.multiple_of(k0 // 8, BW) + offs_i
-        if EVEN:
-            i_mask = offs_i < BW
-            w_mask = n_mask[:, None]
-        else:
-            i_mask = wi < k_hi // 8
-            w_mask = n_mask[:, None] & i_mask[None, :]
-        x0 = _x_plane(x_ptr, wi, i_mask, 0)
-        x1 = _x_plane(x_ptr, wi, i_mask, 1)
-        x2 = _x_plane(x_ptr, wi, i_mask, 2)
-        x3 = _x_plane(x_ptr, wi, i_mask, 3)
-        x4 = _x_plane(x_ptr, wi, i_mask, 4)
-        x5 = _x_plane(x_ptr, wi, i_mask, 5)
-        x6 = _x_plane(x_ptr, wi, i_mask, 6)
-        x7 = _x_plane(x_ptr, wi, i_mask, 7)
-        pw, inv = _step_scale(x0, x1, x2, x3, x4, x5, x6, x7)
-        h0 = x0 * inv
-        h1 = x1 * inv
-        h2 = x2 * inv
-        h3 = x3 * inv
-        h4 = x4 * inv
-        h5 = x5 * inv
-        h6 = x6 * inv
-        h7 = x7 * inv
-        if BLOCK_K <= GROUP:  # one group per step (groups: powers of 2, or the row)
-            g_col = tl.zeros([1, 1], dtype=tl.int32) + k0 // GROUP
-            s_mask = n_mask[:, None]
-        else:
-            g_col = (wi // WG)[None, :]
-            s_mask = n_mask[:, None] & i_mask[None, :]
-        acc += _word_step(
-            w_e, rows * stride_wn + wi[None, :], w_mask, s_e, z_e,
-            rows * stride_sn + g_col, s_mask, pw,
-            h0, h1, h2, h3, h4, h5, h6, h7, HAS_ZP, ASM,
+    if PREFETCH:  # first step's loads; each step then loads the next before its math
+        w, wu, s, su, z, zu, x0, x1, x2, x3, x4, x5, x6, x7 = _word_loads(
+            w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k_lo, k_hi,
+            stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH,
         )  # fmt: skip
-        if GATED:
-            acc_up += _word_step(
-                w_e, up_rows * stride_wn + wi[None, :], w_mask, s_e, z_e,
-                up_rows * stride_sn + g_col, s_mask, pw,
-                h0, h1, h2, h3, h4, h5, h6, h7, HAS_ZP, ASM,
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        if PREFETCH:
+            cw, cwu, cs, csu, cz, czu = w, wu, s, su, z, zu
+            c0, c1, c2, c3, c4, c5, c6, c7 = x0, x1, x2, x3, x4, x5, x6, x7
+            w, wu, s, su, z, zu, x0, x1, x2, x3, x4, x5, x6, x7 = _word_loads(
+                w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0 + BLOCK_K,
+                k_hi, stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP,
+                PREFETCH,
             )  # fmt: skip
+        else:
+            cw, cwu, cs, csu, cz, czu, c0, c1, c2, c3, c4, c5, c6, c7 = _word_loads(
+                w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi,
+                stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH,
+            )  # fmt: skip
+        pw, inv = _step_scale(c0, c1, c2, c3, c4, c5, c6, c7)
+        h0 = c0 * inv
+        h1 = c1 * inv
+        h2 = c2 * inv
+        h3 = c3 * inv
+        h4 = c4 * inv
+        h5 = c5 * inv
+        h6 = c6 * inv
+        h7 = c7 * inv
+        acc += _word_step(cw, cs, cz, pw, h0, h1, h2, h3, h4, h5, h6, h7, ASM)
+        if GATED:
+            acc_up += _word_step(cwu, csu, czu, pw, h0, h1, h2, h3, h4, h5, h6, h7, ASM)
     _gemv_store(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr,
         bias_ptr, p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,

@@ -284,7 +284,8 @@ def launch_gemv(
         _moe_gemv_words_kernel[grid](
             a_MK, words, b.scale, zero, out, *common,
             words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-            *out_strides, EVEN=k % tiles.block_k == 0, ASM=_ptx_target(a_MK), **meta,
+            *out_strides, EVEN=k % tiles.block_k == 0, PREFETCH=tiles.prefetch,
+            LOOP_STAGES=tiles.loop_stages, ASM=_ptx_target(a_MK), **meta,
         )  # fmt: skip
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel

@@ -4,6 +4,7 @@ Host-side only (no kernel runs): ``backends/triton/_configs.py``, the path rules
 ``_fused.py`` and the layout helpers of ``_launch.py``.
 """
 
+import attrs
 import pytest
 import torch
 
@@ -147,6 +148,11 @@ def test_gemv_is_the_decode_rule() -> None:
     )  # whole words: the word GEMV takes up to GEMV_MAX_PAIRS
     assert use_gemv(configs.GEMV_MAX_PAIRS, words, enabled=True)
     assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, words, enabled=True)
+    few_words = ExpertMatrix(
+        data=torch.zeros(8, 4, 8, dtype=torch.uint8), group_size=16
+    )
+    assert use_gemv(8, few_words, enabled=True)  # words: up to one pair per expert
+    assert not use_gemv(9, few_words, enabled=True)
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
     assert not use_gemv(5, dense, enabled=True)
@@ -167,8 +173,8 @@ def test_gemv_is_the_decode_rule() -> None:
 
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """int32 words wherever w13 is whole aligned words (8-row tiles for <= 8 pairs of
-    at most 2^14 gate rows), else bytes; 16-bit weights their own tiles."""
+    """int32 words wherever w13 is whole aligned words (loads one step ahead from
+    GEMV_PREFETCH_MIN_STEPS steps of w13 on), else bytes; 16-bit weights their own."""
     monkeypatch.setattr(fused, "is_interpreting", lambda: False)
 
     def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
@@ -176,20 +182,21 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
             data=torch.empty(8, 2 * f, d // 2, dtype=torch.uint8, device="meta")
         )
 
-    narrow, wide = configs.GEMV_WORDS_NARROW, configs.GEMV_WORDS
-    assert fused.pick_gemv_tiles(8, w13(2048, 768)) is narrow  # Qwen3-30B-A3B M = 1
-    assert fused.pick_gemv_tiles(8, w13(4096, 1536)) is narrow  # Qwen3-235B M = 1
-    assert fused.pick_gemv_tiles(8, w13(7168, 2048)) is narrow  # 2^14 rows: DeepSeek-V3
-    assert fused.pick_gemv_tiles(8, w13(7168, 2056)) is wide  # one row past 2^14
-    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is wide  # Mixtral M = 1
-    assert fused.pick_gemv_tiles(9, w13(2048, 768)) is wide  # 9 pairs
-    assert fused.pick_gemv_tiles(32, w13(7168, 2048)) is wide  # DeepSeek-V3 M = 4
-    assert fused.pick_gemv_tiles(1, w13(100, 64)) is configs.GEMV_FEW  # K = 100: bytes
-    assert narrow.words
-    assert wide.words
+    plain, ahead = configs.GEMV_WORDS, configs.GEMV_WORDS_PREFETCH
+    bk = plain.block_k
+    assert fused.pick_gemv_tiles(w13(2048, 768)) is plain  # Qwen3-30B-A3B: 4 steps
+    assert fused.pick_gemv_tiles(w13(4096, 14336)) is plain  # Mixtral: 8 steps
+    assert fused.pick_gemv_tiles(w13(7168, 2048)) is ahead  # DeepSeek-V3: 14 steps
+    steps = configs.GEMV_PREFETCH_MIN_STEPS
+    assert fused.pick_gemv_tiles(w13(steps * bk, 64)) is ahead
+    assert fused.pick_gemv_tiles(w13(steps * bk - 8, 64)) is plain  # one word short
+    assert fused.pick_gemv_tiles(w13(100, 64)) is configs.GEMV_FEW  # K = 100: bytes
+    assert ahead.prefetch
+    assert attrs.evolve(ahead, prefetch=False) == plain  # the same words tile
+    assert plain.words
     assert not configs.GEMV_FEW.words
     dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
-    assert fused.pick_gemv_tiles(8, dense) is configs.GEMV_16BIT
+    assert fused.pick_gemv_tiles(dense) is configs.GEMV_16BIT
 
 
 def test_dequant_is_the_prefill_rule() -> None:

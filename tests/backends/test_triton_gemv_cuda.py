@@ -25,9 +25,9 @@ pytestmark = pytest.mark.cuda
 
 KERNELS = {
     "bytes": GemvTiles(block_n=16, block_k=512),
-    "words": GemvTiles(block_n=16, block_k=256, num_warps=1, words=True),
+    "words": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True),
 }
-"""Each kernel with fixed tiles, whatever the table picks."""
+"""Each kernel with fixed tiles, whatever the table picks (words: ``GEMV_WORDS``)."""
 
 
 def _check(
@@ -80,12 +80,18 @@ def test_gemv_router_weight_on_input(kernel: str) -> None:
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize(
-    "size", [(8, 2, 4096, 14336, 1), (256, 8, 7168, 2048, 4), (128, 8, 2048, 768, 8)]
+    "size",
+    [
+        (8, 2, 4096, 14336, 1),
+        (8, 2, 4096, 14336, 4),
+        (256, 8, 7168, 2048, 4),
+        (128, 8, 2048, 768, 8),
+    ],
 )
 def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) -> None:
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    assert use_gemv(  # up to 32 pairs (words): M = 1 and DeepSeek-V3's M = 4, not M = 8
+    assert use_gemv(  # words: <= 32 pairs, <= one per expert (Mixtral M = 4: 8 pairs)
         t * k,
         TritonW4A16Backend()
         .prepare(
@@ -97,7 +103,7 @@ def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) ->
         )
         .w13,
         enabled=True,
-    ) is (t * k <= configs.GEMV_MAX_PAIRS)
+    ) is (t * k <= min(configs.GEMV_MAX_PAIRS, e))
     _check(config, SCHEMES[2], torch.bfloat16, t, kernel=kernel)
 
 
@@ -122,7 +128,7 @@ def test_gemv_cuda_graph(kernel: str) -> None:
 WORD_TILES = [  # (block_n, block_k, warps, w2_split): the table's candidates, H200
     (16, 256, 1, None), (8, 256, 1, None), (32, 128, 1, None), (32, 128, 2, None),
     (64, 128, 2, None), (16, 256, 2, None), (32, 256, 4, None), (64, 128, 2, 3),
-    (16, 64, 2, 2),
+    (16, 64, 2, 2), (8, 512, 1, None),
 ]  # fmt: skip
 
 
@@ -198,6 +204,12 @@ def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> No
         GemvTiles(block_n=16, block_k=512, w2_split=2),
         GemvTiles(block_n=32, block_k=256, w2_split=3),
         GemvTiles(block_n=16, block_k=512, prefetch=True, w2_split=2),
+        GemvTiles(block_n=16, block_k=256, num_warps=1, words=True, prefetch=True),
+        GemvTiles(block_n=16, block_k=512, num_warps=1, words=True, prefetch=True),
+        GemvTiles(
+            block_n=8, block_k=256, num_warps=1, words=True, prefetch=True, w2_split=3
+        ),
+        GemvTiles(block_n=16, block_k=256, num_warps=1, words=True, loop_stages=3),
     ],
     ids=[
         "prefetch-16x512",
@@ -207,6 +219,10 @@ def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> No
         "split2-16x512",
         "split3-32x256",
         "prefetch-split2-16x512",
+        "words-prefetch-16x256",
+        "words-prefetch-16x512-k-tail",
+        "words-prefetch-split3-8x256",
+        "words-stages3-16x256",
     ],
 )
 @pytest.mark.parametrize(

@@ -76,6 +76,9 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         GemvTiles(block_n=16, block_k=32, prefetch=True, w2_split=2),
         GemvTiles(block_n=16, block_k=32, words=True, w2_split=2),
         GemvTiles(block_n=32, block_k=32, num_warps=2, words=True, w2_split=3),
+        GemvTiles(block_n=16, block_k=64, words=True, prefetch=True),
+        GemvTiles(block_n=16, block_k=32, words=True, prefetch=True, w2_split=3),
+        GemvTiles(block_n=16, block_k=32, words=True, loop_stages=2),
     ],
     ids=[
         "prefetch",
@@ -85,6 +88,9 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         "prefetch-split-2",
         "words-split-2",
         "words-split-3",
+        "words-prefetch-k-tail",
+        "words-prefetch-split-3",
+        "words-loop-stages-2",
     ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
