@@ -90,6 +90,12 @@ WORD_GEMV_ROUND2 = [
     (8, 512, 1, None, False, None),
 ]  # fmt: skip
 """``SWEEP_WORDS=2``: around the first sweep's best; 8 x 512 twice (run-to-run noise)."""
+WORD_GEMV_TABLE = [
+    (8, 512, 1, None, False, None), (8, 512, 1, None, True, None),
+    (16, 256, 1, None, True, None),
+]  # fmt: skip
+"""``SWEEP_WORDS=3``: the table's two word tiles and the best DeepSeek-V3 one, for the
+GEMV against the GEMM past the decode rule (``SWEEP_M=8,16``)."""
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -126,8 +132,8 @@ def variants(
         return {}  # group_fns
     if mode == "words":
         out_w: dict[str, dict[str, object]] = {"auto": {}}
-        word_set = (
-            WORD_GEMV_ROUND2 if os.environ.get("SWEEP_WORDS") == "2" else WORD_GEMV
+        word_set = {"2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE}.get(
+            os.environ.get("SWEEP_WORDS", ""), WORD_GEMV
         )
         for i, (bn, bk, w, split, pre, stages) in enumerate(word_set):
             gt = GemvTiles(

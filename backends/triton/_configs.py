@@ -154,15 +154,19 @@ GEMV_16BIT_MAX_EXPERT: Final = 1 << 23
 (``GEMV_16BIT``): Qwen3-235B (6.3 M) and Qwen3-30B-A3B (1.6 M); Mixtral (58.7 M) and
 DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_FEW_PAIRS: Final = 8
-GEMV_MAX_PAIRS: Final = 32
+GEMV_MAX_PAIRS: Final = 128
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
 experts), and up to this many (and <= one per expert) where w13 reads as int32 words
-(``int4_words_fit``). Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
+(``int4_words_fit``). The word GEMV against the GEMM at 64 and 128 pairs
+(bench/sweeps/sweep_words_m8_16_h200.log, ms, graph replay): DeepSeek-V3 M = 8 / 16
+0.559 / 1.073 vs 0.783 / 1.278, Qwen3-235B 0.258 / 0.485 vs 0.326 / 0.502,
+Qwen3-30B-A3B 0.082 / 0.146 vs 0.098 / 0.145 (one pair per expert at M = 16: a tie);
+past 128 pairs not measured. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
 sweep_operands_round2_h200.log): at M = 1 the GEMV was faster on all four model shapes
 (Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142,
 Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B and
 DeepSeek-V3, and the word GEMV then beat both (``GEMV_WORDS``); at M = 16 (128 pairs)
-the GEMM won on DeepSeek-V3 by 1.3x (1.34 vs 1.72), hence the bound. One pair per
+the byte GEMV lost to the GEMM on DeepSeek-V3 by 1.3x (1.34 vs 1.72). One pair per
 expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log and
 sweep_words_mixtral_m2_8_h200.log): the word GEMV at M = 3 / 4 took 0.239 / 0.300 ms
 against the GEMM's 0.291 / 0.382; at M = 6 and 8 (1.5 and 2 pairs per expert) the GEMM
