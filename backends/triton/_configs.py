@@ -156,12 +156,16 @@ DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 128
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
-experts), and up to this many (and <= one per expert) where w13 reads as int32 words
-(``int4_words_fit``). The word GEMV against the GEMM at 64 and 128 pairs
-(bench/sweeps/sweep_words_m8_16_h200.log, ms, graph replay): DeepSeek-V3 M = 8 / 16
-0.559 / 1.073 vs 0.783 / 1.278, Qwen3-235B 0.258 / 0.485 vs 0.326 / 0.502,
-Qwen3-30B-A3B 0.082 / 0.146 vs 0.098 / 0.145 (one pair per expert at M = 16: a tie);
-past 128 pairs not measured. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
+experts); where w13 reads as int32 words (``int4_words_fit``) up to this many at <= one
+per two experts, and up to ``GEMV_FEW_PAIRS`` at <= one per expert. The word GEMV
+against the GEMM at 64 and 128 pairs (bench/sweeps/sweep_words_m8_16_h200.log, ms,
+graph replay): DeepSeek-V3 M = 8 / 16 (1/4 and 1/2 pair per expert) 0.559 / 1.073 vs
+0.783 / 1.278; Qwen3-235B M = 8 (1/2) 0.258 vs 0.326, Qwen3-30B-A3B 0.082 vs 0.098. At
+one pair per expert (M = 16 of the 128-expert models) the sweep had a tie (0.485 vs
+0.502, 0.146 vs 0.145) but the benchmark run of that rule lost (Qwen3-235B 0.479 vs
+0.436 for the GEMM in the run before, Qwen3-30B-A3B 0.145 vs 0.142;
+``sweeps/bench_h200_22b8951.log``), hence one per two experts; past 128 pairs not
+measured. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
 sweep_operands_round2_h200.log): at M = 1 the GEMV was faster on all four model shapes
 (Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142,
 Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B and

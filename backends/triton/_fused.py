@@ -52,21 +52,23 @@ Path = Literal["auto", "gemm", "gemv", "dequant"]
 def use_gemv(
     num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
 ) -> bool:
-    """Decode rule: few pairs, each expert used by about one.
+    """Decode rule: few pairs, seldom two on one expert.
 
     int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and
-    <= one per expert. Other int4 (the byte GEMV) and 16-bit weights (emulation):
-    <= ``GEMV_FEW_PAIRS`` and <= one pair per two experts; 16-bit only for experts
-    below ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). Then pairs seldom share an
-    expert, so the pair-major GEMV reads each used expert's weights about once (1.5
-    times on average at one pair per expert under uniform routing), without the
-    GEMM's 16-row minimum or its alignment (two fewer launches).
+    <= one per two experts, or <= ``GEMV_FEW_PAIRS`` and <= one per expert. Other int4
+    (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <= one
+    pair per two experts; 16-bit only for experts below ``GEMV_16BIT_MAX_EXPERT``
+    (see ``GEMV_16BIT``). The pair-major GEMV reads a used expert's weights once per
+    pair (1.6 times on average at one pair per expert under uniform routing, 1.3 at
+    one per two), without the GEMM's 16-row minimum or its alignment (two fewer
+    launches).
     """
     experts = int(w13.data.shape[0])
     if not enabled:
         return False
     if w13.is_int4 and int4_words_fit(w13):
-        return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
+        few = num_pairs <= min(configs.GEMV_FEW_PAIRS, experts)
+        return few or num_pairs <= min(configs.GEMV_MAX_PAIRS, experts // 2)
     if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
         return False
     return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT

@@ -148,11 +148,17 @@ def test_gemv_is_the_decode_rule() -> None:
     )  # whole words: the word GEMV takes up to GEMV_MAX_PAIRS
     assert use_gemv(configs.GEMV_MAX_PAIRS, words, enabled=True)
     assert not use_gemv(configs.GEMV_MAX_PAIRS + 1, words, enabled=True)
+    assert not use_gemv(129, words, enabled=True)  # 256 experts: <= 128 pairs
     few_words = ExpertMatrix(
         data=torch.zeros(8, 4, 8, dtype=torch.uint8), group_size=16
     )
-    assert use_gemv(8, few_words, enabled=True)  # words: up to one pair per expert
+    assert use_gemv(8, few_words, enabled=True)  # words: few pairs, one per expert
     assert not use_gemv(9, few_words, enabled=True)
+    mid_words = ExpertMatrix(
+        data=torch.zeros(128, 4, 8, dtype=torch.uint8), group_size=16
+    )
+    assert use_gemv(64, mid_words, enabled=True)  # Qwen3 at M = 8: one per two experts
+    assert not use_gemv(65, mid_words, enabled=True)
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
     assert not use_gemv(5, dense, enabled=True)

@@ -91,19 +91,22 @@ def test_gemv_router_weight_on_input(kernel: str) -> None:
 def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) -> None:
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    assert use_gemv(  # words: <= 128 pairs, <= one per expert (Mixtral M = 4: 8)
-        t * k,
-        TritonW4A16Backend()
-        .prepare(
-            int4_weights(
-                config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
-            ),
-            config,
-            dtype=torch.bfloat16,
+    assert (
+        use_gemv(  # words: <= 128 pairs and <= E / 2, or <= 8 and <= E (Mixtral M = 4)
+            t * k,
+            TritonW4A16Backend()
+            .prepare(
+                int4_weights(
+                    config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
+                ),
+                config,
+                dtype=torch.bfloat16,
+            )
+            .w13,
+            enabled=True,
         )
-        .w13,
-        enabled=True,
-    ) is (t * k <= min(configs.GEMV_MAX_PAIRS, e))
+        is (t * k <= min(configs.GEMV_MAX_PAIRS, e // 2) or t * k <= min(8, e))
+    )
     _check(config, SCHEMES[2], torch.bfloat16, t, kernel=kernel)
 
 
@@ -170,7 +173,7 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
     "bf16-1e5": (torch.bfloat16, lambda x: x * 1e5),  # products past float16's range
     "bf16-1e-6": (torch.bfloat16, lambda x: x * 1e-6),  # below float16's normals
     "bf16-1e15": (torch.bfloat16, lambda x: x * 1e15),  # 1e30 after gate * up
-    "fp16-1e-4": (torch.float16, lambda x: x * 1e-4),
+    "fp16-1e-2": (torch.float16, lambda x: x * 1e-2),  # see below
     "bf16-outlier-zero-token": (torch.bfloat16, _outlier_and_zero_token),
 }
 
@@ -181,17 +184,25 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
 )
 def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> None:
     """The word GEMV multiplies in float16 pairs: each step's input is scaled by a
-    power of two first, so inputs far outside float16's range (or below its normals)
-    and a step of zeros keep the float32 reference's relative error."""
+    power of two first, so bf16 inputs far outside float16's range (or below its
+    normals) and a step of zeros keep the float32 reference's relative error.
+
+    float16 activations: the layer itself leaves float16's range first (the gated
+    product is about x^2 here: at 1e-4 inputs 98% of the float16 outputs are 0, at
+    1e-2 the float16 intermediate and output alone cost 4e-4), so they are checked
+    at 1e-2, a step exponent far from 0. The oracle's output must be representable
+    (< 1% zeros), or the comparison would say nothing."""
     dtype, shape_hidden = HIDDEN_SHAPES[shape]
     config = MoEConfig(
         num_experts=32, top_k=4, hidden_size=1024, intermediate_size=512,
         activation="gelu",
     )  # fmt: skip
-    check_fused(
+    expected = check_fused(
         config, scheme, dtype, 3, seed=6, path="gemv", gemv_tiles=KERNELS["words"],
         shape_hidden=shape_hidden,
     )  # fmt: skip
+    live = expected[expected.abs().sum(dim=1) > 0]  # the token of zeros aside
+    assert (live == 0).float().mean().item() < 0.01
 
 
 @pytest.mark.parametrize(

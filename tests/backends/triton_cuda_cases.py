@@ -102,11 +102,12 @@ def check_fused(
     tiles: MoETiles | None = None,
     gemv_tiles: GemvTiles | None = None,
     shape_hidden: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> None:
+) -> torch.Tensor:
     """One ``fused_moe`` forward of triton-w4a16's weights against the oracle.
 
     With ``config.expert_bias`` the weights carry random gpt-oss biases;
     ``shape_hidden`` maps the float32 N(0, 1) hidden states before their cast.
+    Returns the oracle's output.
     """
     generator = torch.Generator().manual_seed(seed)
     weights = int4_weights(config, scheme, dtype, generator)
@@ -125,6 +126,7 @@ def check_fused(
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert out.dtype == dtype
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+    return expected
 
 
 def check_graph_replays(
