@@ -4,7 +4,8 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4; at prefill the in-register GEMM, the dequant path and
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` or ``3``: the second sweep's
+or the table's tiles); at prefill the in-register GEMM, the dequant path and
 ``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
 int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table;

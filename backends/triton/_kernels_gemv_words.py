@@ -223,11 +223,11 @@ def _moe_gemv_words_kernel(
     whole (``K`` and ``k_per_split`` multiples of ``BLOCK_K``), so no K masks (16-byte
     loads). ``PREFETCH`` issues step ``k + 1``'s loads (words, scales, zero points,
     inputs) before step ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K
-    loop (None: its default). Per step each program reads ``BLOCK_N`` rows of ``BW = BLOCK_K / 8`` words
-    and the 8 input planes ``x[8 wi + j]``, divides them by ``2^E``, the power of two
-    at or below their largest magnitude (exact; every scaled input is below 2, so the
-    float16 products and their sums of 8, at most 2 * 15 * 8 in size, stay in range),
-    and rounds them to float16: exact for the 16-bit inputs this kernel gets above
+    loop (None: its default). Per step each program reads ``BLOCK_N`` rows of
+    ``BW = BLOCK_K / 8`` words and the 8 input planes ``x[8 wi + j]``, divides them by
+    ``2^E``, the power of two at or below their largest magnitude (exact; every scaled
+    input is below 2, so the float16 products and their sums of 8, at most 2 * 15 * 8
+    in size, stay in range), and rounds them to float16: exact for the 16-bit inputs this kernel gets above
     ``2^(E-14)`` (below, float16 subnormals keep them to ``2^(E-24)``)::
 
         for each step: h_j = fp16(x_j / 2^E)
