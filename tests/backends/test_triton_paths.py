@@ -37,6 +37,7 @@ from tests.backends.triton_interpreter_cases import (
     F,
     PathCase,
     assert_matches_gemm,
+    check_w4a16,
     path_config,
     run_path,
     tiny_config,
@@ -112,18 +113,14 @@ def test_word_gemv_scales_inputs_of_any_magnitude(
     1e30 after the gated product, inside bf16's range."""
     config = tiny_config("gelu")
     weights = weights_for(scheme, torch.bfloat16, generator)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
     hidden_TD = torch.randn(3, D, generator=generator) * scale
     hidden_TD[1] = 0.0
     hidden_TD = hidden_TD.to(torch.bfloat16)
     routing = route_topk(torch.randn(3, E, generator=generator), config)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-        gemv_tiles=WORDS_GEMV,
-    )  # fmt: skip
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    out, _ = check_w4a16(
+        weights, config, hidden_TD, routing, path="gemv", gemv_tiles=WORDS_GEMV
+    )
     assert torch.equal(out[1], torch.zeros_like(out[1]))
-    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
 
 
 def _gemm_tiles(
@@ -227,17 +224,13 @@ def test_words_gemv_falls_back_to_bytes_where_words_do_not_fit(
     w13 = torch.randn(E, 2 * F, 100, generator=generator) * 0.2
     w2 = torch.randn(E, 100, F, generator=generator) * 0.2
     weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
-    assert not int4_words_fit(prepared.w13)
-    assert int4_words_fit(prepared.w2)
     hidden_TD = torch.randn(2, 100, generator=generator).to(torch.bfloat16)
     routing = route_topk(torch.randn(2, E, generator=generator), config)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-        gemv_tiles=WORDS_GEMV,
-    )  # fmt: skip
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
+    _, prepared = check_w4a16(
+        weights, config, hidden_TD, routing, path="gemv", gemv_tiles=WORDS_GEMV
+    )
+    assert not int4_words_fit(prepared.w13)
+    assert int4_words_fit(prepared.w2)
 
 
 @pytest.mark.parametrize(
@@ -330,15 +323,9 @@ def test_group_per_row_with_k_below_block_k(
     w13 = torch.randn(E, 2 * f, d, generator=generator) * 0.2
     w2 = torch.randn(E, d, f, generator=generator) * 0.2
     weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
     hidden_TD = torch.randn(5, d, generator=generator).to(torch.bfloat16)
     routing = route_topk(torch.randn(5, E, generator=generator), config)
-    out = fused_moe(
-        hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm",
-        tiles=tiles,
-    )  # fmt: skip
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[torch.bfloat16]
+    check_w4a16(weights, config, hidden_TD, routing, path="gemm", tiles=tiles)
 
 
 def test_w13_tiles_refuse_split_k() -> None:

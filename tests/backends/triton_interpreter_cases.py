@@ -98,21 +98,41 @@ def run_path(
     scheme, _, dtype, _, _ = case
     config = path_config(case)
     weights = weights_for(scheme, dtype, generator)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
     hidden_TD = torch.randn(tokens, D, generator=generator).to(dtype)
     routing = route_topk(torch.randn(tokens, E, generator=generator), config)
     if drop:
         ids = routing.topk_ids.clone()
         ids[tokens // 2, 0] = -1
         routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    out, prepared = check_w4a16(
+        weights, config, hidden_TD, routing, path=path, gemv_tiles=gemv_tiles,
+        tiles=tiles,
+    )  # fmt: skip
+    return out, hidden_TD, prepared, routing, config
+
+
+def check_w4a16(
+    weights: QuantizedExpertWeights,
+    config: MoEConfig,
+    hidden_TD: torch.Tensor,
+    routing: Routing,
+    *,
+    path: Path,
+    gemv_tiles: GemvTiles | None = None,
+    tiles: MoETiles | None = None,
+) -> tuple[torch.Tensor, TritonW4A16Prepared]:
+    """triton-w4a16 prepared for ``hidden_TD``'s dtype, one ``fused_moe`` on ``path``
+    checked against the oracle (``INTERPRETER_INT4_REL_L2``); returns (out, prepared)."""
+    dtype = hidden_TD.dtype
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=dtype)
     out = fused_moe(
         hidden_TD, prepared.w13, prepared.w2, routing, config,
         path=path, gemv_tiles=gemv_tiles, tiles=tiles,
     )  # fmt: skip
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert out.dtype == dtype
     assert rel_l2(expected, out) < INTERPRETER_INT4_REL_L2[dtype]
-    return out, hidden_TD, prepared, routing, config
+    return out, prepared
 
 
 def assert_matches_gemm(
