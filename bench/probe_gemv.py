@@ -7,7 +7,8 @@ kernels of ``probe_kernels.py`` / ``probe_kernels_asm.py`` with K split across
 programs and several tiles (no ``PROBE_SET``: bytes, words and tc). Prints achieved
 TB/s (weights + scales over time), registers, spills, the PTX's widest global load,
 and the error against float32 math on dequantized rows.
-``python bench/probe_gemv.py ncu|ncuword`` runs one forward for Nsight Compute.
+``PROBE_SET=layout`` (``probe_kernels_layout.py``): row-major against tile-blocked
+words. ``python bench/probe_gemv.py ncu|ncuword`` runs one forward for Nsight Compute.
 Logs (earlier revisions of this script, same kernels): bench/sweeps/probe_*.
 """
 
@@ -31,6 +32,7 @@ from bench_gpu import GROUP, MODELS, copy_bandwidth, random_int4, route, time_gr
 from probe_kernels import probe_launch, tma_launch, word_launch
 from probe_kernels_asm import prescale_x, tc_launch, word2_launch
 from probe_kernels_h2 import h2_launch, pack_x
+from probe_kernels_layout import layout_launch
 
 from backends.triton._fused import fused_moe, pick_gemv_tiles
 from backends.triton._launch import ExpertMatrix, launch_gemv
@@ -58,6 +60,8 @@ WORD2_VARIANTS = [
 H2_VARIANTS = [
     (32, 128, 1), (64, 128, 2), (128, 128, 4), (16, 256, 1), (32, 256, 1), (64, 256, 2),
 ]  # fmt: skip
+
+LAYOUT_VARIANTS = [(8, 512, 1), (16, 256, 1), (16, 512, 2), (4, 1024, 1), (32, 256, 2)]
 
 Variant = tuple[str, Callable[..., Any], dict[str, int], bool]
 """(label, launcher, its keyword arguments, whether it reads prescaled x)."""
@@ -104,6 +108,16 @@ def variants(pairs: int, n: int, k: int) -> list[Variant]:
                 out.append(
                     (f"{bn}x{bk} w{w} s{s} h2 x{xmode}", h2_launch, kw, xmode == 2)
                 )
+    if "layout" in want.split(","):
+        for bn, bk, w in LAYOUT_VARIANTS:
+            if n % bn or k % bk:
+                continue
+            for blocked in (0, 1):
+                for mode in (0, 9):
+                    kw = {"bn": bn, "bk": bk, "warps": w, "split": 1,
+                          "blocked": blocked, "mode": mode}  # fmt: skip
+                    tag = f"{bn}x{bk} w{w} {'blocked' if blocked else 'rows'} m{mode}"
+                    out.append((tag, layout_launch, kw, False))
     if "tma" in want:
         for bn, bk, w, st in TMA_VARIANTS:
             for s in sorted({1, auto_split(pairs, n, k, bn, bk)}):

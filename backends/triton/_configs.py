@@ -76,6 +76,12 @@ class GemvTiles:
         words: read int32 words of 8 codes (``_kernels_gemv_words.py``) where the
             weights allow it (``int4_words_fit``). ``prefetch`` and ``loop_stages``
             apply to the int4 kernels (bytes and words), not the 16-bit one.
+        paired: sum two words of one group per float16 chain, scaling and
+            accumulating once for both (``_kernels_gemv_pairs.py``), where
+            ``words`` applies and groups hold two words or more (``G >= 16``).
+        programs_per_sm: with ``paired``, a persistent grid of this many programs
+            per multiprocessor (at most one per tile), each looping over tiles
+            (``None``: one program per tile).
     """
 
     block_n: int
@@ -87,6 +93,10 @@ class GemvTiles:
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
     )
     words: bool = False
+    paired: bool = False
+    programs_per_sm: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
 
 
 @attrs.frozen(kw_only=True)

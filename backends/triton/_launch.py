@@ -83,6 +83,14 @@ def _ptx_target(a: torch.Tensor) -> bool:
     return a.device.type == "cuda" and not is_interpreting()
 
 
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (1 off CUDA: the interpreter's persistent grid)."""
+    if device.type != "cuda":
+        return 1
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def _operand_dtype(dtype: torch.dtype) -> object:
     import triton.language as tl
 
@@ -277,6 +285,26 @@ def launch_gemv(
     assert b.scale is not None
     zero = b.zero_point if b.zero_point is not None else b.scale
     meta |= {"GROUP": b.group_size, "HAS_ZP": b.zero_point is not None}
+    words_meta = {
+        "EVEN": k % tiles.block_k == 0,
+        "PREFETCH": tiles.prefetch,
+        "LOOP_STAGES": tiles.loop_stages,
+        "ASM": _ptx_target(a_MK),
+    }
+    if tiles.words and tiles.paired and int4_words_fit(b) and b.group_size >= 16:
+        from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
+
+        words = b.data.view(torch.int32)
+        num_pairs, num_tiles = grid[0], grid[0] * grid[1] * grid[2]
+        if tiles.programs_per_sm is not None:
+            grid = (min(num_tiles, tiles.programs_per_sm * _num_sms(a_MK.device)), 1, 1)
+        _moe_gemv_pairs_kernel[grid](
+            a_MK, words, b.scale, zero, out, *common[:8], num_pairs, split,
+            common[8], words.stride(0), words.stride(1), b.scale.stride(0),
+            b.scale.stride(1), *out_strides, **words_meta,
+            PERSIST=tiles.programs_per_sm is not None, **meta,
+        )  # fmt: skip
+        return
     if tiles.words and int4_words_fit(b):
         from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
@@ -284,8 +312,7 @@ def launch_gemv(
         _moe_gemv_words_kernel[grid](
             a_MK, words, b.scale, zero, out, *common,
             words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-            *out_strides, EVEN=k % tiles.block_k == 0, PREFETCH=tiles.prefetch,
-            LOOP_STAGES=tiles.loop_stages, ASM=_ptx_target(a_MK), **meta,
+            *out_strides, **words_meta, **meta,
         )  # fmt: skip
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel

@@ -26,8 +26,10 @@ pytestmark = pytest.mark.cuda
 KERNELS = {
     "bytes": GemvTiles(block_n=16, block_k=512),
     "words": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True),
+    "paired": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True, paired=True),
 }
-"""Each kernel with fixed tiles, whatever the table picks (words: ``GEMV_WORDS``)."""
+"""Each kernel with fixed tiles, whatever the table picks (words: ``GEMV_WORDS``;
+paired: the word kernel's ``PAIRED`` loop)."""
 
 
 def _check(
@@ -141,8 +143,9 @@ WORD_TILES = [  # (block_n, block_k, warps, w2_split): the table's candidates, H
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
 )
+@pytest.mark.parametrize("paired", [False, True], ids=["words", "paired"])
 def test_gemv_word_tiles(
-    tile: tuple[int, int, int, int | None], scheme: Int4Scheme
+    tile: tuple[int, int, int, int | None], scheme: Int4Scheme, paired: bool
 ) -> None:
     """Word tiles with one group per step or several (g32 and g128, block_k 64..256),
     the whole row as one group, a K tail (D = 1152 in 256-column steps), K splits, and
@@ -154,8 +157,9 @@ def test_gemv_word_tiles(
     )  # fmt: skip
     dtype = torch.float16 if scheme.has_zero_point else torch.bfloat16
     tiles = GemvTiles(
-        block_n=bn, block_k=bk, num_warps=warps, w2_split=split, words=True
-    )
+        block_n=bn, block_k=bk, num_warps=warps, w2_split=split, words=True,
+        paired=paired,
+    )  # fmt: skip
     check_fused(
         config, scheme, dtype, 2, seed=4, path="gemv", drop=True, gemv_tiles=tiles
     )
@@ -182,7 +186,10 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
 )
-def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> None:
+@pytest.mark.parametrize("kernel", ["words", "paired"])
+def test_word_gemv_inputs_of_any_magnitude(
+    shape: str, scheme: Int4Scheme, kernel: str
+) -> None:
     """The word GEMV multiplies in float16 pairs: each step's input is scaled by a
     power of two first, so bf16 inputs far outside float16's range (or below its
     normals) and a step of zeros keep the float32 reference's relative error.
@@ -198,7 +205,7 @@ def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> No
         activation="gelu",
     )  # fmt: skip
     expected = check_fused(
-        config, scheme, dtype, 3, seed=6, path="gemv", gemv_tiles=KERNELS["words"],
+        config, scheme, dtype, 3, seed=6, path="gemv", gemv_tiles=KERNELS[kernel],
         shape_hidden=shape_hidden,
     )  # fmt: skip
     live = expected[expected.abs().sum(dim=1) > 0]  # the token of zeros aside
@@ -221,6 +228,30 @@ def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> No
             block_n=8, block_k=256, num_warps=1, words=True, prefetch=True, w2_split=3
         ),
         GemvTiles(block_n=16, block_k=256, num_warps=1, words=True, loop_stages=3),
+        GemvTiles(
+            block_n=16, block_k=512, num_warps=1, words=True, paired=True, prefetch=True
+        ),
+        GemvTiles(
+            block_n=8,
+            block_k=256,
+            num_warps=1,
+            words=True,
+            paired=True,
+            prefetch=True,
+            w2_split=3,
+        ),
+        GemvTiles(
+            block_n=16, block_k=256, num_warps=1, words=True, paired=True, loop_stages=3
+        ),
+        GemvTiles(
+            block_n=8,
+            block_k=512,
+            num_warps=1,
+            words=True,
+            paired=True,
+            programs_per_sm=2,
+            w2_split=3,
+        ),
     ],
     ids=[
         "prefetch-16x512",
@@ -234,6 +265,10 @@ def test_word_gemv_inputs_of_any_magnitude(shape: str, scheme: Int4Scheme) -> No
         "words-prefetch-16x512-k-tail",
         "words-prefetch-split3-8x256",
         "words-stages3-16x256",
+        "paired-prefetch-16x512-k-tail",
+        "paired-prefetch-split3-8x256",
+        "paired-stages3-16x256",
+        "paired-persistent-split3-8x512",
     ],
 )
 @pytest.mark.parametrize(

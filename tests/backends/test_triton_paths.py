@@ -56,14 +56,17 @@ pytestmark = INTERPRETER_ONLY
 
 WORDS_GEMV = GemvTiles(block_n=16, block_k=64, words=True)
 """The int32-word GEMV in the interpreter: two groups of 32 per step, a K tail (D = 96)."""
+PAIRED_GEMV = attrs.evolve(WORDS_GEMV, paired=True)
+"""The same, two words of a group per chain (``PAIRED``)."""
 
 
-@pytest.mark.parametrize("words", [False, True], ids=["bytes", "words"])
+@pytest.mark.parametrize(
+    "tiles", [None, WORDS_GEMV, PAIRED_GEMV], ids=["bytes", "words", "paired"]
+)
 @pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2]}")
 def test_gemv_decode_path_matches_oracle_and_gemm(
-    case: PathCase, words: bool, generator: torch.Generator
+    case: PathCase, tiles: GemvTiles | None, generator: torch.Generator
 ) -> None:
-    tiles = WORDS_GEMV if words else None
     assert_matches_gemm(*run_path("gemv", case, 3, generator, gemv_tiles=tiles))
 
 
@@ -80,6 +83,28 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         GemvTiles(block_n=16, block_k=64, words=True, prefetch=True),
         GemvTiles(block_n=16, block_k=32, words=True, prefetch=True, w2_split=3),
         GemvTiles(block_n=16, block_k=32, words=True, loop_stages=2),
+        GemvTiles(block_n=16, block_k=32, words=True, paired=True, w2_split=3),
+        GemvTiles(block_n=16, block_k=64, words=True, paired=True, prefetch=True),
+        GemvTiles(
+            block_n=16, block_k=32, words=True, paired=True, prefetch=True, w2_split=3
+        ),
+        GemvTiles(block_n=16, block_k=32, words=True, paired=True, loop_stages=2),
+        GemvTiles(
+            block_n=16,
+            block_k=32,
+            words=True,
+            paired=True,
+            programs_per_sm=2,
+            w2_split=3,
+        ),
+        GemvTiles(
+            block_n=16,
+            block_k=64,
+            words=True,
+            paired=True,
+            programs_per_sm=3,
+            prefetch=True,
+        ),
     ],
     ids=[
         "prefetch",
@@ -92,6 +117,12 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         "words-prefetch-k-tail",
         "words-prefetch-split-3",
         "words-loop-stages-2",
+        "paired-split-3",
+        "paired-prefetch-k-tail",
+        "paired-prefetch-split-3",
+        "paired-loop-stages-2",
+        "paired-persistent-2-split-3",
+        "paired-persistent-3-prefetch-k-tail",
     ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
@@ -101,10 +132,11 @@ def test_gemv_loop_variants_match_oracle(
     run_path("gemv", case, 2, generator, drop=False, gemv_tiles=tiles)
 
 
+@pytest.mark.parametrize("tiles", [WORDS_GEMV, PAIRED_GEMV], ids=["words", "paired"])
 @pytest.mark.parametrize("scale", [1e-6, 1e6, 1e15], ids=str)
 @pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[1]], ids=lambda s: s.name)
 def test_word_gemv_scales_inputs_of_any_magnitude(
-    scale: float, scheme: Int4Scheme, generator: torch.Generator
+    scale: float, scheme: Int4Scheme, tiles: GemvTiles, generator: torch.Generator
 ) -> None:
     """Each step's input is divided by a power of two and its result multiplied back
     (float16 products on the GPU): exact here at any magnitude, and a token of zeros
@@ -118,7 +150,7 @@ def test_word_gemv_scales_inputs_of_any_magnitude(
     hidden_TD = hidden_TD.to(torch.bfloat16)
     routing = route_topk(torch.randn(3, E, generator=generator), config)
     out, _ = check_w4a16(
-        weights, config, hidden_TD, routing, path="gemv", gemv_tiles=WORDS_GEMV
+        weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles
     )
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 

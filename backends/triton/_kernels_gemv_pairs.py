@@ -1,0 +1,353 @@
+"""Triton decode kernel of triton-w4a16 on int32 words, two words of a group per chain.
+
+``@triton.jit`` only; the typed host wrapper is ``launch_gemv`` in ``_launch.py``
+(``GemvTiles.paired``). The math of ``_kernels_gemv_words.py`` (half2 products of
+codes and inputs scaled per step), with each float16 chain summing two words of one
+row and one group: one float32 conversion, one scale and one accumulation for both
+(half the accumulators and scale loads). ``PERSIST``: a grid of fewer programs than
+tiles, each looping over tiles (a program per tile pays its start-up per few steps).
+"""
+
+import triton
+import triton.language as tl
+
+from backends.triton._kernels_gemv import _gemv_store
+from backends.triton._kernels_gemv_words import (
+    _half2,
+    _half_bits,
+    _step_scale,
+    _word_dot,
+    _x_plane,
+)
+
+_HALF2_PAIR_ASM = tl.constexpr("""{
+.reg .b32 a, b, c, d, t, acc, k16;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+mov.b32 k16, 0x2C002C00;
+shr.u32 t, $1, 8;
+lop3.b32 a, $1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 b, $1, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, $3;
+fma.rn.f16x2 b, b, k16, $4;
+sub.f16x2 c, c, $3;
+fma.rn.f16x2 d, d, k16, $4;
+mul.f16x2 acc, a, $5;
+fma.rn.f16x2 acc, b, $6, acc;
+fma.rn.f16x2 acc, c, $7, acc;
+fma.rn.f16x2 acc, d, $8, acc;
+shr.u32 t, $2, 8;
+lop3.b32 a, $2, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 b, $2, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, $3;
+fma.rn.f16x2 b, b, k16, $4;
+sub.f16x2 c, c, $3;
+fma.rn.f16x2 d, d, k16, $4;
+fma.rn.f16x2 acc, a, $9, acc;
+fma.rn.f16x2 acc, b, $10, acc;
+fma.rn.f16x2 acc, c, $11, acc;
+fma.rn.f16x2 acc, d, $12, acc;
+mov.b32 {lo, hi}, acc;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+"""``_HALF2_ASM`` on two words of one row and one group (``$1``, ``$2``): their 16
+products summed in float16 pairs (``$5..$8`` the first word's input pairs, ``$9..$12``
+the second's), one conversion to float32 for both. The sums stay below
+``2 * 15 * 16 = 480``."""
+
+
+@triton.jit
+def _pair_dot(
+    wa, wb, z, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """``_word_dot`` of word ``wa`` plus that of ``wb`` (same row, same group).
+
+    ``ASM``: one ``_HALF2_PAIR_ASM`` (16 products summed in float16 pairs); else the
+    two float32 sums of ``_word_dot``.
+    """
+    if ASM:
+        za = _half_bits(z + 1024.0)
+        zb = _half_bits(-(z + 64.0))
+        t = tl.inline_asm_elementwise(
+            _HALF2_PAIR_ASM, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [wa, wb, za | (za << 16), zb | (zb << 16),
+             _half2(a0, a4)[None, :], _half2(a1, a5)[None, :],
+             _half2(a2, a6)[None, :], _half2(a3, a7)[None, :],
+             _half2(b0, b4)[None, :], _half2(b1, b5)[None, :],
+             _half2(b2, b6)[None, :], _half2(b3, b7)[None, :]],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        t = _word_dot(wa, z, a0, a1, a2, a3, a4, a5, a6, a7, ASM)
+        t += _word_dot(wb, z, b0, b1, b2, b3, b4, b5, b6, b7, ASM)
+    return t
+
+
+@triton.jit
+def _pair_loads(
+    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
+    GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    GATED: tl.constexpr, HAS_ZP: tl.constexpr, PREFETCH: tl.constexpr,
+):  # fmt: skip
+    """``_word_loads`` of the paired kernel: a step's words as two ``[BN, BW / 2]`` tiles.
+
+    Element ``i`` of the two is word ``wa(i)`` and ``wa(i) + HALF`` of the step, the
+    two halves of one group's (or, steps within a group, of the step's) words::
+
+        HALF = BW / 2 if BLOCK_K <= GROUP else GROUP / 16
+        wa(i) = (i // HALF) * 2 HALF + i % HALF
+
+    Returns the words (a, b; up a, up b), scales and zero points (gate, up; one per
+    element, shared by a and b) and the 8 input planes of a, then of b.
+    """
+    BW: tl.constexpr = BLOCK_K // 8
+    WG: tl.constexpr = GROUP // 8
+    HALF: tl.constexpr = BW // 2 if BLOCK_K <= GROUP else WG // 2
+    wa = tl.multiple_of(k0 // 8, BW) + (offs_i // HALF) * (2 * HALF) + offs_i % HALF
+    wb = wa + HALF
+    row_mask = n_mask[:, None]
+    if PREFETCH:
+        row_mask = row_mask & (k0 < k_hi)
+    if EVEN:
+        a_mask = offs_i < BW // 2
+        if PREFETCH:
+            a_mask = a_mask & (k0 < k_hi)
+        b_mask = a_mask
+        wa_mask = row_mask
+        wb_mask = row_mask
+    else:
+        a_mask = wa < k_hi // 8
+        b_mask = wb < k_hi // 8
+        wa_mask = row_mask & a_mask[None, :]
+        wb_mask = row_mask & b_mask[None, :]
+    if BLOCK_K <= GROUP:  # one group per step
+        g_col = tl.zeros([1, 1], dtype=tl.int32) + k0 // GROUP
+        s_mask = row_mask
+    else:
+        g_col = (wa // WG)[None, :]
+        s_mask = wa_mask
+    words_a = tl.load(w_e + rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
+    words_b = tl.load(w_e + rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
+    s = tl.load(s_e + rows * stride_sn + g_col, mask=s_mask, other=0.0)
+    if HAS_ZP:
+        z = tl.load(z_e + rows * stride_sn + g_col, mask=s_mask, other=0)
+    else:
+        z = tl.full([1, 1], 8, tl.int32)
+    up_a = words_a
+    up_b = words_b
+    s_up = s
+    z_up = z
+    if GATED:
+        up_a = tl.load(w_e + up_rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
+        up_b = tl.load(w_e + up_rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
+        s_up = tl.load(s_e + up_rows * stride_sn + g_col, mask=s_mask, other=0.0)
+        if HAS_ZP:
+            z_up = tl.load(z_e + up_rows * stride_sn + g_col, mask=s_mask, other=0)
+    return (
+        words_a, words_b, up_a, up_b, s, s_up, z, z_up,
+        _x_plane(x_ptr, wa, a_mask, 0), _x_plane(x_ptr, wa, a_mask, 1),
+        _x_plane(x_ptr, wa, a_mask, 2), _x_plane(x_ptr, wa, a_mask, 3),
+        _x_plane(x_ptr, wa, a_mask, 4), _x_plane(x_ptr, wa, a_mask, 5),
+        _x_plane(x_ptr, wa, a_mask, 6), _x_plane(x_ptr, wa, a_mask, 7),
+        _x_plane(x_ptr, wb, b_mask, 0), _x_plane(x_ptr, wb, b_mask, 1),
+        _x_plane(x_ptr, wb, b_mask, 2), _x_plane(x_ptr, wb, b_mask, 3),
+        _x_plane(x_ptr, wb, b_mask, 4), _x_plane(x_ptr, wb, b_mask, 5),
+        _x_plane(x_ptr, wb, b_mask, 6), _x_plane(x_ptr, wb, b_mask, 7),
+    )  # fmt: skip
+
+
+@triton.jit
+def _pair_step(
+    wa, wb, s, z, pw, a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """``scale * 2^E * (dot(wa) + dot(wb))`` per element of a ``[BLOCK_N, BW / 2]`` tile."""
+    t = _pair_dot(
+        wa, wb, z.to(tl.float32), a0, a1, a2, a3, a4, a5, a6, a7,
+        b0, b1, b2, b3, b4, b5, b6, b7, ASM,
+    )  # fmt: skip
+    return t * (s.to(tl.float32) * pw)
+
+
+@triton.jit
+def _pair_scale(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
+    """``_step_scale`` over both halves' 16 input planes."""
+    return _step_scale(
+        tl.maximum(tl.abs(a0), tl.abs(b0)), tl.maximum(tl.abs(a1), tl.abs(b1)),
+        tl.maximum(tl.abs(a2), tl.abs(b2)), tl.maximum(tl.abs(a3), tl.abs(b3)),
+        tl.maximum(tl.abs(a4), tl.abs(b4)), tl.maximum(tl.abs(a5), tl.abs(b5)),
+        tl.maximum(tl.abs(a6), tl.abs(b6)), tl.maximum(tl.abs(a7), tl.abs(b7)),
+    )  # fmt: skip
+
+
+@triton.jit
+def _paired_loop(
+    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, k_lo, k_hi, stride_wn, stride_sn,
+    GROUP: tl.constexpr, GATED: tl.constexpr, HAS_ZP: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """The K loop of ``PAIRED``: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up)."""
+    BH: tl.constexpr = BLOCK_K // 16
+    acc = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
+    offs_i = tl.arange(0, BH)
+    if PREFETCH:  # first step's loads; each step then loads the next before its math
+        (wa, wb, ua, ub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
+         b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
+            w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k_lo, k_hi,
+            stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH,
+        )  # fmt: skip
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        if PREFETCH:
+            cwa, cwb, cua, cub, cs, csu, cz, czu = wa, wb, ua, ub, s, su, z, zu
+            c0, c1, c2, c3, c4, c5, c6, c7 = a0, a1, a2, a3, a4, a5, a6, a7
+            d0, d1, d2, d3, d4, d5, d6, d7 = b0, b1, b2, b3, b4, b5, b6, b7
+            (wa, wb, ua, ub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
+             b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
+                w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0 + BLOCK_K,
+                k_hi, stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP,
+                PREFETCH,
+            )  # fmt: skip
+        else:
+            (cwa, cwb, cua, cub, cs, csu, cz, czu, c0, c1, c2, c3, c4, c5, c6, c7,
+             d0, d1, d2, d3, d4, d5, d6, d7) = _pair_loads(
+                w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi,
+                stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH,
+            )  # fmt: skip
+        pw, inv = _pair_scale(c0, c1, c2, c3, c4, c5, c6, c7,
+                              d0, d1, d2, d3, d4, d5, d6, d7)  # fmt: skip
+        h0, h1, h2, h3 = c0 * inv, c1 * inv, c2 * inv, c3 * inv
+        h4, h5, h6, h7 = c4 * inv, c5 * inv, c6 * inv, c7 * inv
+        g0, g1, g2, g3 = d0 * inv, d1 * inv, d2 * inv, d3 * inv
+        g4, g5, g6, g7 = d4 * inv, d5 * inv, d6 * inv, d7 * inv
+        acc += _pair_step(
+            cwa, cwb, cs, cz, pw, h0, h1, h2, h3, h4, h5, h6, h7,
+            g0, g1, g2, g3, g4, g5, g6, g7, ASM,
+        )  # fmt: skip
+        if GATED:
+            acc_up += _pair_step(
+                cua, cub, csu, czu, pw, h0, h1, h2, h3, h4, h5, h6, h7,
+                g0, g1, g2, g3, g4, g5, g6, g7, ASM,
+            )  # fmt: skip
+    return acc, acc_up
+
+
+@triton.jit
+def _paired_tile(
+    p, nb, pid_s, a_ptr, w_ptr, scale_ptr, zero_ptr, c_ptr, ids_ptr, topk_weights_ptr,
+    bias_ptr, N, K, k_per_split, alpha, limit, stride_am, stride_we, stride_wn,
+    stride_se, stride_sn, stride_cs, stride_cm, stride_bias,
+    A_DIV: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_ROWS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    ASM: tl.constexpr,
+):  # fmt: skip
+    """Pair ``p``'s row tile ``nb`` over K split ``pid_s`` (nothing for ``ids[p] < 0``)."""
+    e = tl.load(ids_ptr + p)
+    if e >= 0:
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        rows = offs_n.to(tl.int64)[:, None]
+        up_rows = (offs_n + N).to(tl.int64)[:, None]
+        k_lo = pid_s * k_per_split
+        k_hi = tl.minimum(K, k_lo + k_per_split)
+        x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
+        w_e = w_ptr + e.to(tl.int64) * stride_we
+        s_e = scale_ptr + e.to(tl.int64) * stride_se
+        z_e = zero_ptr + e.to(tl.int64) * stride_se
+        acc, acc_up = _paired_loop(
+            w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, k_lo, k_hi, stride_wn,
+            stride_sn, GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN, PREFETCH,
+            LOOP_STAGES, ASM,
+        )  # fmt: skip
+        _gemv_store(
+            tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr,
+            bias_ptr, p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs,
+            stride_cm, stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _moe_gemv_pairs_kernel(
+    # pointers
+    a_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    c_ptr,
+    ids_ptr,
+    topk_weights_ptr,
+    bias_ptr,
+    # sizes
+    N,
+    K,
+    k_per_split,
+    alpha,
+    limit,
+    num_pairs,
+    num_splits,
+    # strides (w in int32 words)
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_sn,
+    stride_cs,
+    stride_cm,
+    stride_bias,
+    # meta-parameters
+    A_DIV: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_ZP: tl.constexpr,
+    GATED: tl.constexpr,
+    ACT: tl.constexpr,
+    WEIGHT_ROWS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
+    PERSIST: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
+
+    Needs ``GROUP >= 16`` (two words a group) besides ``int4_words_fit``. Without
+    ``PERSIST`` the grid is pairs x row tiles x K splits, as there; with it a 1-D grid
+    of any size whose programs take tiles ``t = pid, pid + grid, ...`` of the
+    ``num_pairs * cdiv(N, BLOCK_N) * num_splits`` (K split fastest, then row tile,
+    then pair; a split past ``K`` stores zeros, as its program does without). Per step and row each chain sums 16 products in float16 (below
+    ``2 * 15 * 16`` in size): about 4e-4 relative error against float32 math on the
+    same values (3e-4 with one word a chain).
+    """
+    if PERSIST:
+        nt = tl.cdiv(N, BLOCK_N)
+        ns = num_splits
+        for t in range(tl.program_id(0), num_pairs * nt * ns, tl.num_programs(0)):
+            _paired_tile(
+                t // (nt * ns), (t // ns) % nt, t % ns, a_ptr, w_ptr, scale_ptr,
+                zero_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr, N, K,
+                k_per_split, alpha, limit, stride_am, stride_we, stride_wn, stride_se,
+                stride_sn, stride_cs, stride_cm, stride_bias, A_DIV, GROUP, HAS_ZP,
+                GATED, ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN, PREFETCH,
+                LOOP_STAGES, ASM,
+            )  # fmt: skip
+    else:
+        _paired_tile(
+            tl.program_id(0), tl.program_id(1), tl.program_id(2), a_ptr, w_ptr,
+            scale_ptr, zero_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr, N, K,
+            k_per_split, alpha, limit, stride_am, stride_we, stride_wn, stride_se,
+            stride_sn, stride_cs, stride_cm, stride_bias, A_DIV, GROUP, HAS_ZP, GATED,
+            ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN, PREFETCH, LOOP_STAGES,
+            ASM,
+        )  # fmt: skip

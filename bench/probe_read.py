@@ -1,0 +1,108 @@
+"""Read-bandwidth ceilings on the GPU: how fast can a Triton kernel stream int32 words?
+
+``python bench/probe_read.py`` times (CUDA-graph replay, L2 flushed) a 2 GiB read by
+torch's ``sum`` and by ``_stream`` (each program xor-reduces chunks of ``UNROLL``
+loads of ``BLOCK`` words, grid-strided over ``P`` programs; ``P = 0``: one chunk per
+program), then the word GEMV's program shape with its math left out
+(``probe_kernels_layout``, ``MODE`` 9 one step in flight, 8 two) over Mixtral-8x7B's
+w13 at one token. Prints TB/s of bytes read; the copy (read + write) for scale.
+"""
+
+# ruff: noqa: D103, T201, TID253
+# A GPU script: print is its output.
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import GROUP, MODELS, copy_bandwidth, random_int4, route, time_graph
+from probe_kernels_layout import layout_launch
+
+from backends.triton._launch import ExpertMatrix
+
+
+@triton.jit
+def _stream(
+    src, out, n_chunks, P, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    bits = tl.zeros([BLOCK], dtype=tl.int32)
+    for c in range(pid, n_chunks, P):
+        base = src + c.to(tl.int64) * (BLOCK * UNROLL)
+        v = tl.load(base + offs)
+        if UNROLL >= 2:
+            v ^= tl.load(base + BLOCK + offs)
+        if UNROLL >= 4:
+            v ^= tl.load(base + 2 * BLOCK + offs) ^ tl.load(base + 3 * BLOCK + offs)
+        bits ^= v
+    tl.store(out + pid * BLOCK + offs, bits)
+
+
+def stream(buf: torch.Tensor, block: int, unroll: int, warps: int, p: int) -> float:
+    n_chunks = buf.numel() // (block * unroll)
+    grid = p or n_chunks
+    out = torch.empty(grid * block, dtype=torch.int32, device="cuda")
+
+    def run() -> None:
+        _stream[(grid,)](buf, out, n_chunks, grid, BLOCK=block, UNROLL=unroll,
+                         num_warps=warps)  # fmt: skip
+
+    ms = time_graph(run)
+    assert ms is not None
+    return buf.numel() * 4 / ms / 1e9
+
+
+def read_ceilings(sms: int) -> None:
+    buf = torch.randint(-(2**31), 2**31 - 1, (512 * 1024**2,), dtype=torch.int32,
+                        device="cuda")  # fmt: skip
+    ms = time_graph(lambda: buf.view(torch.float32).sum())
+    assert ms is not None
+    print(
+        f"torch float32 sum        : {buf.numel() * 4 / ms / 1e9:5.2f} TB/s", flush=True
+    )
+    for warps in (1, 4, 8):
+        for block in (256, 512, 1024, 2048):
+            if block < 32 * warps * 2:
+                continue
+            for unroll in (1, 2, 4):
+                for p in (0, 4 * sms, 16 * sms, 32 * sms):
+                    tbs = stream(buf, block, unroll, warps, p)
+                    print(f"stream w{warps} {4 * block:5d} B x{unroll} P={p:5d}: "
+                          f"{tbs:5.2f} TB/s", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(
+        f"copy {copy_bandwidth() / 1e12:.2f} TB/s (read + write), {sms} SMs", flush=True
+    )
+    read_ceilings(sms)
+    torch.cuda.empty_cache()
+    e, k, d, f = MODELS["mixtral-8x7b"]
+    q = random_int4(e, d, f)
+    b = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    ids = route(1, e, k).topk_ids.flatten().contiguous()
+    x = torch.randn(1, d, device="cuda").to(torch.bfloat16)
+    nbytes = int(torch.unique(ids).numel()) * b.data[0].numel()
+    for bn, warps in ((8, 1), (16, 1), (32, 4), (64, 4), (16, 2)):
+        for blocked in (0, 1):
+            for mode in (9, 8):
+                out = torch.empty(1, ids.numel(), 2 * f, device="cuda")
+                kw = {"bn": bn, "bk": 512, "warps": warps, "split": 1,
+                      "blocked": blocked, "mode": mode}  # fmt: skip
+                ms = time_graph(lambda kw=kw, out=out: layout_launch(
+                    x, b, out, ids, a_div=k, **kw))  # fmt: skip
+                assert ms is not None
+                print(f"gemv shape {bn}x512 w{warps} blocked={blocked} mode={mode}: "
+                      f"{nbytes / ms / 1e9:5.2f} TB/s", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
