@@ -105,15 +105,6 @@ WORD_GEMV_PAIRED = [
 ]  # fmt: skip
 """``SWEEP_WORDS=4``: the table's word tiles, then tiles of the paired kernel (a
 seventh entry ``True``)."""
-WORD_GEMV_PERSISTENT = [
-    (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
-    (8, 512, 1, None, False, None, True, 8), (8, 512, 1, None, False, None, True, 12),
-    (8, 512, 1, None, False, None, True, 16), (8, 512, 1, None, False, None, True, 24),
-    (16, 512, 1, None, False, None, True, 8), (16, 512, 1, None, False, None, True, 12),
-    (16, 512, 1, None, False, None, True, 16), (8, 512, 1, None, True, None, True, 12),
-]  # fmt: skip
-"""``SWEEP_WORDS=5``: paired tiles with one program per tile, then persistent grids
-(an eighth entry: programs per multiprocessor)."""
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -152,18 +143,14 @@ def variants(
         out_w: dict[str, dict[str, object]] = {"auto": {}}
         word_set: list[tuple[object, ...]] = {
             "2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE, "4": WORD_GEMV_PAIRED,
-            "5": WORD_GEMV_PERSISTENT,
         }.get(os.environ.get("SWEEP_WORDS", ""), WORD_GEMV)  # fmt: skip
-        for i, (bn, bk, w, split, pre, stages, *extra) in enumerate(word_set):
-            per_sm = extra[1] if len(extra) > 1 else None
+        for i, (bn, bk, w, split, pre, stages, *paired) in enumerate(word_set):
             gt = GemvTiles(
                 block_n=bn, block_k=bk, num_warps=w, w2_split=split, words=True,
-                prefetch=pre, loop_stages=stages, paired=bool(extra),
-                programs_per_sm=per_sm,
+                prefetch=pre, loop_stages=stages, paired=bool(paired),
             )  # fmt: skip
             name = f"words bn{bn} bk{bk} w{w} split{split} pre{int(pre)} st{stages}"
-            name += " paired" if extra else ""
-            name += f" persist{per_sm}" if per_sm else ""
+            name += " paired" if paired else ""
             out_w[name if name not in out_w else f"{name} #{i}"] = {
                 "gemv_tiles": gt,
                 "path": "gemv",

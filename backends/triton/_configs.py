@@ -79,9 +79,6 @@ class GemvTiles:
         paired: sum two words of one group per float16 chain, scaling and
             accumulating once for both (``_kernels_gemv_pairs.py``), where
             ``words`` applies and groups hold two words or more (``G >= 16``).
-        programs_per_sm: with ``paired``, a persistent grid of this many programs
-            per multiprocessor (at most one per tile), each looping over tiles
-            (``None``: one program per tile).
     """
 
     block_n: int
@@ -94,9 +91,6 @@ class GemvTiles:
     )
     words: bool = False
     paired: bool = False
-    programs_per_sm: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
-    )
 
 
 @attrs.frozen(kw_only=True)
@@ -131,25 +125,26 @@ GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
 (``int4_words_fit``: K or the group not a multiple of 8); there ``use_gemv`` allows at
 most ``GEMV_FEW_PAIRS`` pairs. Before the half2 word GEMV this also served <= 8 pairs
 of small experts (M = 1: 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, H200)."""
-GEMV_WORDS: Final = GemvTiles(block_n=8, block_k=512, num_warps=1, words=True)
-"""Decode GEMV on int32 words (half2 products, ``_kernels_gemv_words.py``) wherever the
-weights are whole aligned words. H200, graph replay of the whole layer, ms
-(bench/sweeps/sweep_words_prefetch_h200.log, sweep_words_round2_h200.log; second sweep
-first): Mixtral M = 1 0.095 (0.122 with the previous 16 x 256), M = 4 0.300 (the GEMM
-0.382); Qwen3-235B M = 1 0.048 (0.055 at 8 x 256), M = 4 0.141 (0.152); Qwen3-30B-A3B
-M = 1 0.024 (0.026), M = 4 0.049 (0.047 at 16 x 256). Of 18 tiles (4-32 rows, 128-1024
-columns, 1 or 2 warps, prefetch, Triton's pipelining, w2 split 1 or by
-``gemv_split_for``) it was fastest or within 6% there, but on DeepSeek-V3 (17% off at
-M = 1; ``GEMV_WORDS_PREFETCH``)."""
-GEMV_WORDS_PREFETCH: Final = attrs.evolve(GEMV_WORDS, prefetch=True)
-"""``GEMV_WORDS`` loading each step's words, scales and inputs one step ahead, for w13
-of ``GEMV_PREFETCH_MIN_STEPS`` steps or more: DeepSeek-V3 (K = 7168, 14 steps) M = 1
-0.088 ms against 0.102, M = 4 0.295 against 0.302 (16 x 256 with prefetch: 0.088 /
-0.283). Shorter loops lost with it: Qwen3-235B (8 steps) M = 1 0.053 vs 0.048,
-Qwen3-30B-A3B (4 steps) M = 4 0.053 vs 0.049; Mixtral (8 steps) tied."""
-GEMV_PREFETCH_MIN_STEPS: Final = 12
-"""w13 steps (``hidden / GEMV_WORDS.block_k``) from which ``GEMV_WORDS_PREFETCH`` is
-taken; set between the one model that gained (14 steps) and those that did not (<= 8)."""
+GEMV_PAIRED: Final = GemvTiles(
+    block_n=16, block_k=512, num_warps=1, words=True, paired=True
+)
+"""Decode GEMV on int32 words, two words of a group per float16 chain
+(``_kernels_gemv_pairs.py``), wherever the weights are whole aligned words; past
+``GEMV_FEW_PAIRS`` pairs (``GEMV_PAIRED_FEW`` up to there). H200, graph replay of the
+whole layer, ms (bench/sweeps/sweep_words_paired_h200.log, the one-word kernel's
+8 x 512 of the previous table in brackets): Mixtral M = 4 0.269 (0.301); Qwen3-30B-A3B
+M = 4 0.050 (0.049), M = 16 0.127 (0.146; the GEMM 0.147); Qwen3-235B M = 4 0.124
+(0.138), M = 16 0.417 (0.483; the GEMM 0.502); DeepSeek-V3 M = 4 0.257 (0.301, 0.294
+with prefetch), M = 16 0.913 (1.071). 8 x 512 paired was within 1-5% of it there;
+16 x 256, 8 x 1024 and prefetch were slower (to 1.5x). A persistent grid (8-24
+programs per multiprocessor looping over tiles; ``sweep_words_persistent_h200.log``,
+the tree of a6a820a) was slower in 31 of 33 cells."""
+GEMV_PAIRED_FEW: Final = attrs.evolve(GEMV_PAIRED, block_n=8, prefetch=True)
+"""``GEMV_PAIRED`` for <= ``GEMV_FEW_PAIRS`` pairs (one token, or Mixtral's four): 8
+rows, each step's words, scales and inputs loaded one step ahead. Same sweeps, ms:
+Mixtral M = 1 0.085-0.086 (16 x 512 0.089, the previous table 0.095), M = 4 0.273
+(0.269); Qwen3-30B-A3B M = 1 0.022 (0.025, 0.023); Qwen3-235B M = 1 0.049 (0.049,
+0.048); DeepSeek-V3 M = 1 0.084 (0.082, 0.088)."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's
@@ -167,19 +162,19 @@ GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 128
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
 experts); where w13 reads as int32 words (``int4_words_fit``) up to this many at <= one
-per two experts, and up to ``GEMV_FEW_PAIRS`` at <= one per expert. The word GEMV
-against the GEMM at 64 and 128 pairs (bench/sweeps/sweep_words_m8_16_h200.log, ms,
-graph replay): DeepSeek-V3 M = 8 / 16 (1/4 and 1/2 pair per expert) 0.559 / 1.073 vs
-0.783 / 1.278; Qwen3-235B M = 8 (1/2) 0.258 vs 0.326, Qwen3-30B-A3B 0.082 vs 0.098. At
-one pair per expert (M = 16 of the 128-expert models) the sweep had a tie (0.485 vs
-0.502, 0.146 vs 0.145) but the benchmark run of that rule lost (Qwen3-235B 0.479 vs
-0.436 for the GEMM in the run before, Qwen3-30B-A3B 0.145 vs 0.142;
-``sweeps/bench_h200_22b8951.log``), hence one per two experts; past 128 pairs not
-measured. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
+per expert. The paired GEMV against the GEMM at one pair per expert (M = 16 of the
+128-expert models; bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one
+run): Qwen3-235B 0.417 vs 0.502, Qwen3-30B-A3B 0.127 vs 0.147. The one-word kernel
+before it only tied there in a sweep and lost in a benchmark run (Qwen3-235B 0.479 vs
+0.436; ``sweeps/bench_h200_22b8951.log``), so that rule stopped at one pair per two
+experts. The word GEMV at 64 and 128 pairs and <= one per two experts
+(bench/sweeps/sweep_words_m8_16_h200.log): DeepSeek-V3 M = 8 / 16 0.559 / 1.073 vs
+0.783 / 1.278; Qwen3-235B M = 8 0.258 vs 0.326, Qwen3-30B-A3B 0.082 vs 0.098. Past 128
+pairs, and expert counts between 8 and 128, not measured. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
 sweep_operands_round2_h200.log): at M = 1 the GEMV was faster on all four model shapes
 (Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142,
 Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B and
-DeepSeek-V3, and the word GEMV then beat both (``GEMV_WORDS``); at M = 16 (128 pairs)
+DeepSeek-V3, and the word GEMV then beat both; at M = 16 (128 pairs)
 the byte GEMV lost to the GEMM on DeepSeek-V3 by 1.3x (1.34 vs 1.72). One pair per
 expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log and
 sweep_words_mixtral_m2_8_h200.log): the word GEMV at M = 3 / 4 took 0.239 / 0.300 ms

@@ -5,7 +5,8 @@ May import core; triton only inside functions. Three paths compute the same laye
 - ``gemv`` (decode): two pair-major GEMVs (w2's K split across programs when they
   are few) and the top-k sum, three launches; taken for a handful of pairs that
   rarely share an expert (``use_gemv``). On int4 the GEMVs read int32 words of 8
-  codes and multiply in float16 pairs (bytes where the weights are not whole words);
+  codes and multiply in float16 pairs, two words of a group per chain (bytes where
+  the weights are not whole words);
   on 16-bit weights (triton-emulation, up to 8 pairs of small experts) they read the
   weights as they are (``pick_gemv_tiles``).
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
@@ -55,7 +56,7 @@ def use_gemv(
     """Decode rule: few pairs, seldom two on one expert.
 
     int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and
-    <= one per two experts, or <= ``GEMV_FEW_PAIRS`` and <= one per expert. Other int4
+    <= one per expert. Other int4
     (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <= one
     pair per two experts; 16-bit only for experts below ``GEMV_16BIT_MAX_EXPERT``
     (see ``GEMV_16BIT``). The pair-major GEMV reads a used expert's weights once per
@@ -67,8 +68,7 @@ def use_gemv(
     if not enabled:
         return False
     if w13.is_int4 and int4_words_fit(w13):
-        few = num_pairs <= min(configs.GEMV_FEW_PAIRS, experts)
-        return few or num_pairs <= min(configs.GEMV_MAX_PAIRS, experts // 2)
+        return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
     if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
         return False
     return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
@@ -104,14 +104,15 @@ def pick_tiles(
     )
 
 
-def pick_gemv_tiles(w13: ExpertMatrix) -> GemvTiles:
+def pick_gemv_tiles(w13: ExpertMatrix, num_pairs: int) -> GemvTiles:
     """GEMV tiles: ``GEMV_16BIT``, or for int4 int32 words or bytes.
 
-    int4: where w13 reads as whole aligned words (``int4_words_fit``) ``GEMV_WORDS``,
-    with the next step's loads issued before each step's math (``GEMV_WORDS_PREFETCH``)
-    where w13 takes ``GEMV_PREFETCH_MIN_STEPS`` steps or more; else the byte kernel's
-    ``GEMV_FEW`` (``use_gemv`` then allows <= ``GEMV_FEW_PAIRS`` pairs). A w2 that is
-    not whole words under word tiles runs the byte kernel with them (``launch_gemv``).
+    int4: where w13 reads as whole aligned words (``int4_words_fit``) the paired word
+    GEMV, ``GEMV_PAIRED_FEW`` up to ``GEMV_FEW_PAIRS`` pairs and ``GEMV_PAIRED`` past
+    them; else the byte kernel's ``GEMV_FEW`` (``use_gemv`` then allows <=
+    ``GEMV_FEW_PAIRS`` pairs). Groups of one word (``G = 8``) run those tiles on the
+    one-word kernel, and a w2 that is not whole words runs the byte kernel with them
+    (``launch_gemv``).
     """
     if is_interpreting():
         return configs.GEMV_INTERPRETER
@@ -119,10 +120,9 @@ def pick_gemv_tiles(w13: ExpertMatrix) -> GemvTiles:
         return configs.GEMV_16BIT
     if not int4_words_fit(w13):
         return configs.GEMV_FEW
-    steps = 2 * int(w13.data.shape[2]) // configs.GEMV_WORDS.block_k
-    if steps >= configs.GEMV_PREFETCH_MIN_STEPS:
-        return configs.GEMV_WORDS_PREFETCH
-    return configs.GEMV_WORDS
+    if num_pairs <= configs.GEMV_FEW_PAIRS:
+        return configs.GEMV_PAIRED_FEW
+    return configs.GEMV_PAIRED
 
 
 def _gemv_moe(
@@ -136,7 +136,7 @@ def _gemv_moe(
     """The ``gemv`` path: two pair-major GEMVs (int4 or 16-bit) and the top-k sum."""
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
-    chosen = tiles if tiles is not None else pick_gemv_tiles(w13)
+    chosen = tiles if tiles is not None else pick_gemv_tiles(w13, num_pairs)
     dtype = buffer_dtype(x_TD.dtype)
     inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
     launch_gemv(

@@ -4,8 +4,7 @@
 (``GemvTiles.paired``). The math of ``_kernels_gemv_words.py`` (half2 products of
 codes and inputs scaled per step), with each float16 chain summing two words of one
 row and one group: one float32 conversion, one scale and one accumulation for both
-(half the accumulators and scale loads). ``PERSIST``: a grid of fewer programs than
-tiles, each looping over tiles (a program per tile pays its start-up per few steps).
+(half the accumulators and scale loads).
 """
 
 import triton
@@ -293,8 +292,6 @@ def _moe_gemv_pairs_kernel(
     k_per_split,
     alpha,
     limit,
-    num_pairs,
-    num_splits,
     # strides (w in int32 words)
     stride_am,
     stride_we,
@@ -317,37 +314,21 @@ def _moe_gemv_pairs_kernel(
     EVEN: tl.constexpr,
     PREFETCH: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
-    PERSIST: tl.constexpr,
     ASM: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
-    Needs ``GROUP >= 16`` (two words a group) besides ``int4_words_fit``. Without
-    ``PERSIST`` the grid is pairs x row tiles x K splits, as there; with it a 1-D grid
-    of any size whose programs take tiles ``t = pid, pid + grid, ...`` of the
-    ``num_pairs * cdiv(N, BLOCK_N) * num_splits`` (K split fastest, then row tile,
-    then pair; a split past ``K`` stores zeros, as its program does without). Per step and row each chain sums 16 products in float16 (below
-    ``2 * 15 * 16`` in size): about 4e-4 relative error against float32 math on the
-    same values (3e-4 with one word a chain).
+    Needs ``GROUP >= 16`` (two words a group) besides ``int4_words_fit``; grid, K
+    splits, ``GATED``, ``WEIGHT_ROWS`` and ``HAS_BIAS`` as there. Per step and row each
+    chain sums 16 products in float16 (below ``2 * 15 * 16`` in size): about 4e-4
+    relative error against float32 math on the same values (3e-4 with one word a
+    chain).
     """
-    if PERSIST:
-        nt = tl.cdiv(N, BLOCK_N)
-        ns = num_splits
-        for t in range(tl.program_id(0), num_pairs * nt * ns, tl.num_programs(0)):
-            _paired_tile(
-                t // (nt * ns), (t // ns) % nt, t % ns, a_ptr, w_ptr, scale_ptr,
-                zero_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr, N, K,
-                k_per_split, alpha, limit, stride_am, stride_we, stride_wn, stride_se,
-                stride_sn, stride_cs, stride_cm, stride_bias, A_DIV, GROUP, HAS_ZP,
-                GATED, ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN, PREFETCH,
-                LOOP_STAGES, ASM,
-            )  # fmt: skip
-    else:
-        _paired_tile(
-            tl.program_id(0), tl.program_id(1), tl.program_id(2), a_ptr, w_ptr,
-            scale_ptr, zero_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr, N, K,
-            k_per_split, alpha, limit, stride_am, stride_we, stride_wn, stride_se,
-            stride_sn, stride_cs, stride_cm, stride_bias, A_DIV, GROUP, HAS_ZP, GATED,
-            ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN, PREFETCH, LOOP_STAGES,
-            ASM,
-        )  # fmt: skip
+    _paired_tile(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), a_ptr, w_ptr,
+        scale_ptr, zero_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr, N, K,
+        k_per_split, alpha, limit, stride_am, stride_we, stride_wn, stride_se,
+        stride_sn, stride_cs, stride_cm, stride_bias, A_DIV, GROUP, HAS_ZP, GATED,
+        ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN, PREFETCH, LOOP_STAGES,
+        ASM,
+    )  # fmt: skip

@@ -83,14 +83,6 @@ def _ptx_target(a: torch.Tensor) -> bool:
     return a.device.type == "cuda" and not is_interpreting()
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (1 off CUDA: the interpreter's persistent grid)."""
-    if device.type != "cuda":
-        return 1
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def _operand_dtype(dtype: torch.dtype) -> object:
     import triton.language as tl
 
@@ -295,14 +287,10 @@ def launch_gemv(
         from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
 
         words = b.data.view(torch.int32)
-        num_pairs, num_tiles = grid[0], grid[0] * grid[1] * grid[2]
-        if tiles.programs_per_sm is not None:
-            grid = (min(num_tiles, tiles.programs_per_sm * _num_sms(a_MK.device)), 1, 1)
         _moe_gemv_pairs_kernel[grid](
-            a_MK, words, b.scale, zero, out, *common[:8], num_pairs, split,
-            common[8], words.stride(0), words.stride(1), b.scale.stride(0),
-            b.scale.stride(1), *out_strides, **words_meta,
-            PERSIST=tiles.programs_per_sm is not None, **meta,
+            a_MK, words, b.scale, zero, out, *common,
+            words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
+            *out_strides, **words_meta, **meta,
         )  # fmt: skip
         return
     if tiles.words and int4_words_fit(b):

@@ -157,8 +157,11 @@ def test_gemv_is_the_decode_rule() -> None:
     mid_words = ExpertMatrix(
         data=torch.zeros(128, 4, 8, dtype=torch.uint8), group_size=16
     )
-    assert use_gemv(64, mid_words, enabled=True)  # Qwen3 at M = 8: one per two experts
-    assert not use_gemv(65, mid_words, enabled=True)
+    assert use_gemv(128, mid_words, enabled=True)  # Qwen3 at M = 16: one per expert
+    assert not use_gemv(129, mid_words, enabled=True)
+    wide = ExpertMatrix(data=torch.zeros(64, 4, 8, dtype=torch.uint8), group_size=16)
+    assert use_gemv(64, wide, enabled=True)
+    assert not use_gemv(65, wide, enabled=True)  # more pairs than experts
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
     assert not use_gemv(5, dense, enabled=True)
@@ -179,8 +182,9 @@ def test_gemv_is_the_decode_rule() -> None:
 
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """int32 words wherever w13 is whole aligned words (loads one step ahead from
-    GEMV_PREFETCH_MIN_STEPS steps of w13 on), else bytes; 16-bit weights their own."""
+    """Paired int32 words wherever w13 is whole aligned words (8 rows loading one step
+    ahead up to GEMV_FEW_PAIRS pairs, 16 rows past them), else bytes; 16-bit weights
+    their own."""
     monkeypatch.setattr(fused, "is_interpreting", lambda: False)
 
     def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
@@ -188,21 +192,24 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
             data=torch.empty(8, 2 * f, d // 2, dtype=torch.uint8, device="meta")
         )
 
-    plain, ahead = configs.GEMV_WORDS, configs.GEMV_WORDS_PREFETCH
-    bk = plain.block_k
-    assert fused.pick_gemv_tiles(w13(2048, 768)) is plain  # Qwen3-30B-A3B: 4 steps
-    assert fused.pick_gemv_tiles(w13(4096, 14336)) is plain  # Mixtral: 8 steps
-    assert fused.pick_gemv_tiles(w13(7168, 2048)) is ahead  # DeepSeek-V3: 14 steps
-    steps = configs.GEMV_PREFETCH_MIN_STEPS
-    assert fused.pick_gemv_tiles(w13(steps * bk, 64)) is ahead
-    assert fused.pick_gemv_tiles(w13(steps * bk - 8, 64)) is plain  # one word short
-    assert fused.pick_gemv_tiles(w13(100, 64)) is configs.GEMV_FEW  # K = 100: bytes
-    assert ahead.prefetch
-    assert attrs.evolve(ahead, prefetch=False) == plain  # the same words tile
-    assert plain.words
+    few, many = configs.GEMV_PAIRED_FEW, configs.GEMV_PAIRED
+    last_few = configs.GEMV_FEW_PAIRS
+    assert fused.pick_gemv_tiles(w13(4096, 14336), 2) is few  # Mixtral M = 1
+    assert fused.pick_gemv_tiles(w13(4096, 14336), last_few) is few  # Mixtral M = 4
+    assert fused.pick_gemv_tiles(w13(7168, 2048), last_few + 1) is many
+    assert fused.pick_gemv_tiles(w13(100, 64), 1) is configs.GEMV_FEW  # K = 100: bytes
+    assert (few.block_n, few.prefetch, many.block_n, many.prefetch) == (
+        8,
+        True,
+        16,
+        False,
+    )
+    assert attrs.evolve(few, block_n=16, prefetch=False) == many  # else the same tile
+    assert many.words
+    assert many.paired
     assert not configs.GEMV_FEW.words
     dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
-    assert fused.pick_gemv_tiles(dense) is configs.GEMV_16BIT
+    assert fused.pick_gemv_tiles(dense, 1) is configs.GEMV_16BIT
 
 
 def test_dequant_is_the_prefill_rule() -> None:

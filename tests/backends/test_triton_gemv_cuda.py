@@ -26,10 +26,10 @@ pytestmark = pytest.mark.cuda
 KERNELS = {
     "bytes": GemvTiles(block_n=16, block_k=512),
     "words": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True),
-    "paired": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True, paired=True),
+    "paired": GemvTiles(block_n=16, block_k=512, num_warps=1, words=True, paired=True),
 }
-"""Each kernel with fixed tiles, whatever the table picks (words: ``GEMV_WORDS``;
-paired: the word kernel's ``PAIRED`` loop)."""
+"""Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
+at the tile of the table before the paired one; paired: ``GEMV_PAIRED``)."""
 
 
 def _check(
@@ -88,27 +88,25 @@ def test_gemv_router_weight_on_input(kernel: str) -> None:
         (8, 2, 4096, 14336, 4),
         (256, 8, 7168, 2048, 16),
         (128, 8, 2048, 768, 8),
+        (128, 8, 4096, 1536, 16),
     ],
 )
 def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) -> None:
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    assert (
-        use_gemv(  # words: <= 128 pairs and <= E / 2, or <= 8 and <= E (Mixtral M = 4)
-            t * k,
-            TritonW4A16Backend()
-            .prepare(
-                int4_weights(
-                    config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
-                ),
-                config,
-                dtype=torch.bfloat16,
-            )
-            .w13,
-            enabled=True,
+    assert use_gemv(  # words: <= 128 pairs and <= one per expert
+        t * k,
+        TritonW4A16Backend()
+        .prepare(
+            int4_weights(
+                config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
+            ),
+            config,
+            dtype=torch.bfloat16,
         )
-        is (t * k <= min(configs.GEMV_MAX_PAIRS, e // 2) or t * k <= min(8, e))
-    )
+        .w13,
+        enabled=True,
+    ) is (t * k <= min(configs.GEMV_MAX_PAIRS, e))
     _check(config, SCHEMES[2], torch.bfloat16, t, kernel=kernel)
 
 
@@ -243,15 +241,6 @@ def test_word_gemv_inputs_of_any_magnitude(
         GemvTiles(
             block_n=16, block_k=256, num_warps=1, words=True, paired=True, loop_stages=3
         ),
-        GemvTiles(
-            block_n=8,
-            block_k=512,
-            num_warps=1,
-            words=True,
-            paired=True,
-            programs_per_sm=2,
-            w2_split=3,
-        ),
     ],
     ids=[
         "prefetch-16x512",
@@ -268,7 +257,6 @@ def test_word_gemv_inputs_of_any_magnitude(
         "paired-prefetch-16x512-k-tail",
         "paired-prefetch-split3-8x256",
         "paired-stages3-16x256",
-        "paired-persistent-split3-8x512",
     ],
 )
 @pytest.mark.parametrize(

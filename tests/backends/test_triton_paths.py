@@ -89,22 +89,6 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
             block_n=16, block_k=32, words=True, paired=True, prefetch=True, w2_split=3
         ),
         GemvTiles(block_n=16, block_k=32, words=True, paired=True, loop_stages=2),
-        GemvTiles(
-            block_n=16,
-            block_k=32,
-            words=True,
-            paired=True,
-            programs_per_sm=2,
-            w2_split=3,
-        ),
-        GemvTiles(
-            block_n=16,
-            block_k=64,
-            words=True,
-            paired=True,
-            programs_per_sm=3,
-            prefetch=True,
-        ),
     ],
     ids=[
         "prefetch",
@@ -121,8 +105,6 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         "paired-prefetch-k-tail",
         "paired-prefetch-split-3",
         "paired-loop-stages-2",
-        "paired-persistent-2-split-3",
-        "paired-persistent-3-prefetch-k-tail",
     ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
