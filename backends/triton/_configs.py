@@ -138,7 +138,7 @@ M = 4 0.050 (0.049), M = 16 0.127 (0.146; the GEMM 0.147); Qwen3-235B M = 4 0.12
 with prefetch), M = 16 0.913 (1.071). 8 x 512 paired was within 1-5% of it there;
 16 x 256, 8 x 1024 and prefetch were slower (to 1.5x). A persistent grid (8-24
 programs per multiprocessor looping over tiles; ``sweep_words_persistent_h200.log``,
-the tree of a6a820a) was slower in 31 of 33 cells."""
+the tree of a6a820a) was slower in 11 of 12 model and token cells."""
 GEMV_PAIRED_FEW: Final = attrs.evolve(GEMV_PAIRED, block_n=8, prefetch=True)
 """``GEMV_PAIRED`` for <= ``GEMV_FEW_PAIRS`` pairs (one token, or Mixtral's four): 8
 rows, each step's words, scales and inputs loaded one step ahead. Same sweeps, ms:
