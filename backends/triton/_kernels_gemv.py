@@ -78,16 +78,12 @@ def _moe_gemv_kernel(
     e = tl.load(ids_ptr + p)
     if e < 0:
         return
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask, k_lo, k_hi, x_ptr, b_e, s_e, z_e = _gemv_tile(
+        p, e, a_ptr, b_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
+        stride_be, stride_se, A_DIV, BLOCK_N,
+    )  # fmt: skip
     rows = offs_n.to(tl.int64)[:, None]
     pid_s = tl.program_id(2)
-    k_lo = pid_s * k_per_split
-    k_hi = tl.minimum(K, k_lo + k_per_split)
-    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
-    b_e = b_ptr + e.to(tl.int64) * stride_be
-    s_e = scale_ptr + e.to(tl.int64) * stride_se
-    z_e = zero_ptr + e.to(tl.int64) * stride_se
     GK: tl.constexpr = BLOCK_K // (2 * NG)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -148,6 +144,27 @@ def _moe_gemv_kernel(
         N, alpha, limit, stride_cs, stride_cm, stride_bias,
         GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
     )  # fmt: skip
+
+
+@triton.jit
+def _gemv_tile(
+    p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am, stride_we,
+    stride_se, A_DIV: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """A GEMV program's rows, K range, and its pair's input and expert's bases.
+
+    Returns the output rows of ``program_id(1)`` and their mask, the K range of split
+    ``program_id(2)``, and pointers to pair ``p``'s input row and to expert ``e``'s
+    weights, scales and zero points.
+    """
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(2) * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
+    w_e = w_ptr + e.to(tl.int64) * stride_we
+    s_e = scale_ptr + e.to(tl.int64) * stride_se
+    z_e = zero_ptr + e.to(tl.int64) * stride_se
+    return offs_n, offs_n < N, k_lo, k_hi, x_ptr, w_e, s_e, z_e
 
 
 @triton.jit

@@ -10,51 +10,27 @@ row and one group: one float32 conversion, one scale and one accumulation for bo
 import triton
 import triton.language as tl
 
-from backends.triton._kernels_gemv import _gemv_store
+from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_words import (
+    _ASM_HEAD,
+    _ASM_TAIL,
+    _codes_asm,
     _half2,
     _half_bits,
+    _products_asm,
     _step_scale,
     _word_dot,
     _x_plane,
 )
 
-_HALF2_PAIR_ASM = tl.constexpr("""{
-.reg .b32 a, b, c, d, t, acc, k16;
-.reg .b16 lo, hi;
-.reg .f32 flo, fhi;
-mov.b32 k16, 0x2C002C00;
-shr.u32 t, $1, 8;
-lop3.b32 a, $1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 b, $1, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, $3;
-fma.rn.f16x2 b, b, k16, $4;
-sub.f16x2 c, c, $3;
-fma.rn.f16x2 d, d, k16, $4;
-mul.f16x2 acc, a, $5;
-fma.rn.f16x2 acc, b, $6, acc;
-fma.rn.f16x2 acc, c, $7, acc;
-fma.rn.f16x2 acc, d, $8, acc;
-shr.u32 t, $2, 8;
-lop3.b32 a, $2, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 b, $2, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, $3;
-fma.rn.f16x2 b, b, k16, $4;
-sub.f16x2 c, c, $3;
-fma.rn.f16x2 d, d, k16, $4;
-fma.rn.f16x2 acc, a, $9, acc;
-fma.rn.f16x2 acc, b, $10, acc;
-fma.rn.f16x2 acc, c, $11, acc;
-fma.rn.f16x2 acc, d, $12, acc;
-mov.b32 {lo, hi}, acc;
-cvt.f32.f16 flo, lo;
-cvt.f32.f16 fhi, hi;
-add.f32 $0, flo, fhi;
-}""")
+_HALF2_PAIR_ASM = tl.constexpr(
+    _ASM_HEAD
+    + _codes_asm("$1", "$3", "$4")
+    + _products_asm(5, start=True)
+    + _codes_asm("$2", "$3", "$4")
+    + _products_asm(9, start=False)
+    + _ASM_TAIL
+)
 """``_HALF2_ASM`` on two words of one row and one group (``$1``, ``$2``): their 16
 products summed in float16 pairs (``$5..$8`` the first word's input pairs, ``$9..$12``
 the second's), one conversion to float32 for both. The sums stay below
@@ -193,7 +169,7 @@ def _paired_loop(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """The K loop of ``PAIRED``: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up)."""
+    """The paired K loop: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up)."""
     BH: tl.constexpr = BLOCK_K // 16
     acc = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
@@ -237,42 +213,6 @@ def _paired_loop(
                 g0, g1, g2, g3, g4, g5, g6, g7, ASM,
             )  # fmt: skip
     return acc, acc_up
-
-
-@triton.jit
-def _paired_tile(
-    p, nb, pid_s, a_ptr, w_ptr, scale_ptr, zero_ptr, c_ptr, ids_ptr, topk_weights_ptr,
-    bias_ptr, N, K, k_per_split, alpha, limit, stride_am, stride_we, stride_wn,
-    stride_se, stride_sn, stride_cs, stride_cm, stride_bias,
-    A_DIV: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
-    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_ROWS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    ASM: tl.constexpr,
-):  # fmt: skip
-    """Pair ``p``'s row tile ``nb`` over K split ``pid_s`` (nothing for ``ids[p] < 0``)."""
-    e = tl.load(ids_ptr + p)
-    if e >= 0:
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < N
-        rows = offs_n.to(tl.int64)[:, None]
-        up_rows = (offs_n + N).to(tl.int64)[:, None]
-        k_lo = pid_s * k_per_split
-        k_hi = tl.minimum(K, k_lo + k_per_split)
-        x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
-        w_e = w_ptr + e.to(tl.int64) * stride_we
-        s_e = scale_ptr + e.to(tl.int64) * stride_se
-        z_e = zero_ptr + e.to(tl.int64) * stride_se
-        acc, acc_up = _paired_loop(
-            w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, k_lo, k_hi, stride_wn,
-            stride_sn, GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN, PREFETCH,
-            LOOP_STAGES, ASM,
-        )  # fmt: skip
-        _gemv_store(
-            tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr,
-            bias_ptr, p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs,
-            stride_cm, stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
-        )  # fmt: skip
 
 
 @triton.jit
@@ -324,11 +264,21 @@ def _moe_gemv_pairs_kernel(
     relative error against float32 math on the same values (3e-4 with one word a
     chain).
     """
-    _paired_tile(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2), a_ptr, w_ptr,
-        scale_ptr, zero_ptr, c_ptr, ids_ptr, topk_weights_ptr, bias_ptr, N, K,
-        k_per_split, alpha, limit, stride_am, stride_we, stride_wn, stride_se,
-        stride_sn, stride_cs, stride_cm, stride_bias, A_DIV, GROUP, HAS_ZP, GATED,
-        ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN, PREFETCH, LOOP_STAGES,
-        ASM,
+    p = tl.program_id(0)
+    e = tl.load(ids_ptr + p)
+    if e < 0:
+        return
+    offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
+        p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
+        stride_we, stride_se, A_DIV, BLOCK_N,
+    )  # fmt: skip
+    acc, acc_up = _paired_loop(
+        w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],
+        (offs_n + N).to(tl.int64)[:, None], n_mask, k_lo, k_hi, stride_wn, stride_sn,
+        GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN, PREFETCH, LOOP_STAGES, ASM,
+    )  # fmt: skip
+    _gemv_store(
+        tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr, bias_ptr,
+        p, e, tl.program_id(2), offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
     )  # fmt: skip

@@ -7,31 +7,55 @@
 import triton
 import triton.language as tl
 
-from backends.triton._kernels_gemv import _gemv_store
+from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 
-_HALF2_ASM = tl.constexpr("""{
+_ASM_HEAD = """{
 .reg .b32 a, b, c, d, t, acc, k16;
 .reg .b16 lo, hi;
 .reg .f32 flo, fhi;
 mov.b32 k16, 0x2C002C00;
-shr.u32 t, $1, 8;
-lop3.b32 a, $1, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 b, $1, 0x00F000F0, 0x64006400, 0xEA;
-lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
-lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
-sub.f16x2 a, a, $2;
-fma.rn.f16x2 b, b, k16, $3;
-sub.f16x2 c, c, $2;
-fma.rn.f16x2 d, d, k16, $3;
-mul.f16x2 acc, a, $4;
-fma.rn.f16x2 acc, b, $5, acc;
-fma.rn.f16x2 acc, c, $6, acc;
-fma.rn.f16x2 acc, d, $7, acc;
-mov.b32 {lo, hi}, acc;
+"""
+_ASM_TAIL = """mov.b32 {lo, hi}, acc;
 cvt.f32.f16 flo, lo;
 cvt.f32.f16 fhi, hi;
 add.f32 $0, flo, fhi;
-}""")
+}"""
+
+
+def _codes_asm(word: str, za: str, zb: str) -> str:
+    """PTX: int32 word ``word`` to half2 ``a, b, c, d`` = codes minus the zero point."""
+    return f"""shr.u32 t, {word}, 8;
+lop3.b32 a, {word}, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 b, {word}, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, {za};
+fma.rn.f16x2 b, b, k16, {zb};
+sub.f16x2 c, c, {za};
+fma.rn.f16x2 d, d, k16, {zb};
+"""
+
+
+def _products_asm(first: int, *, start: bool) -> str:
+    """PTX: ``acc (+)= a, b, c, d`` times input pairs ``$first .. $first+3``."""
+    head = (
+        f"mul.f16x2 acc, a, ${first}"
+        if start
+        else f"fma.rn.f16x2 acc, a, ${first}, acc"
+    )
+    return (
+        head
+        + ";\n"
+        + "".join(
+            f"fma.rn.f16x2 acc, {r}, ${first + i}, acc;\n"
+            for i, r in ((1, "b"), (2, "c"), (3, "d"))
+        )
+    )
+
+
+_HALF2_ASM = tl.constexpr(
+    _ASM_HEAD + _codes_asm("$1", "$2", "$3") + _products_asm(4, start=True) + _ASM_TAIL
+)
 """``$0 = sum_j (code_j - z) x_j`` of int32 word ``$1`` in float16 pairs, in float32.
 
 ``0x6400`` is float16 1024: one LOP3 (``(a & b) | c``) ORs two codes (or two codes
@@ -244,17 +268,13 @@ def _moe_gemv_words_kernel(
     if e < 0:
         return
     BW: tl.constexpr = BLOCK_K // 8
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
+    offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
+        p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
+        stride_we, stride_se, A_DIV, BLOCK_N,
+    )  # fmt: skip
     rows = offs_n.to(tl.int64)[:, None]
     up_rows = (offs_n + N).to(tl.int64)[:, None]
     pid_s = tl.program_id(2)
-    k_lo = pid_s * k_per_split
-    k_hi = tl.minimum(K, k_lo + k_per_split)
-    x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
-    w_e = w_ptr + e.to(tl.int64) * stride_we
-    s_e = scale_ptr + e.to(tl.int64) * stride_se
-    z_e = zero_ptr + e.to(tl.int64) * stride_se
     acc = tl.zeros([BLOCK_N, BW], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BW], dtype=tl.float32)
     offs_i = tl.arange(0, BW)

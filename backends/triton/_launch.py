@@ -241,7 +241,8 @@ def launch_gemv(
 
     With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
     16-bit weights: ``_moe_gemv16_kernel``. int4: with ``tiles.words`` and
-    ``int4_words_fit`` ``_moe_gemv_words_kernel``, else the byte kernel
+    ``int4_words_fit`` ``_moe_gemv_pairs_kernel`` (``tiles.paired``, groups of two
+    words or more) or ``_moe_gemv_words_kernel``, else the byte kernel
     ``_moe_gemv_kernel``.
     """
     assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
@@ -277,30 +278,18 @@ def launch_gemv(
     assert b.scale is not None
     zero = b.zero_point if b.zero_point is not None else b.scale
     meta |= {"GROUP": b.group_size, "HAS_ZP": b.zero_point is not None}
-    words_meta = {
-        "EVEN": k % tiles.block_k == 0,
-        "PREFETCH": tiles.prefetch,
-        "LOOP_STAGES": tiles.loop_stages,
-        "ASM": _ptx_target(a_MK),
-    }
-    if tiles.words and tiles.paired and int4_words_fit(b) and b.group_size >= 16:
-        from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
-
-        words = b.data.view(torch.int32)
-        _moe_gemv_pairs_kernel[grid](
-            a_MK, words, b.scale, zero, out, *common,
-            words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-            *out_strides, **words_meta, **meta,
-        )  # fmt: skip
-        return
     if tiles.words and int4_words_fit(b):
+        from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
         from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
+        paired = tiles.paired and b.group_size >= 16  # two words a group
+        kernel = _moe_gemv_pairs_kernel if paired else _moe_gemv_words_kernel
         words = b.data.view(torch.int32)
-        _moe_gemv_words_kernel[grid](
+        kernel[grid](
             a_MK, words, b.scale, zero, out, *common,
             words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-            *out_strides, **words_meta, **meta,
+            *out_strides, EVEN=k % tiles.block_k == 0, PREFETCH=tiles.prefetch,
+            LOOP_STAGES=tiles.loop_stages, ASM=_ptx_target(a_MK), **meta,
         )  # fmt: skip
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel

@@ -57,7 +57,7 @@ pytestmark = INTERPRETER_ONLY
 WORDS_GEMV = GemvTiles(block_n=16, block_k=64, words=True)
 """The int32-word GEMV in the interpreter: two groups of 32 per step, a K tail (D = 96)."""
 PAIRED_GEMV = attrs.evolve(WORDS_GEMV, paired=True)
-"""The same, two words of a group per chain (``PAIRED``)."""
+"""The same, two words of a group per chain (``_kernels_gemv_pairs.py``)."""
 
 
 @pytest.mark.parametrize(
@@ -135,6 +135,24 @@ def test_word_gemv_scales_inputs_of_any_magnitude(
         weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles
     )
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_paired_gemv_with_groups_of_an_odd_word_count(
+    generator: torch.Generator,
+) -> None:
+    """w13 rows of 5 words as one group (D = 40, per-row scales; w2 rows of 6): the
+    paired GEMV pairs words 0-1 with 2-3 and word 4 with a masked one (``HALF`` = 2),
+    and matches the oracle."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=40, intermediate_size=48)
+    scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1)
+    w13 = torch.randn(4, 96, 40, generator=generator) * 0.2
+    w2 = torch.randn(4, 40, 48, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
+    hidden_TD = torch.randn(3, 40, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(3, 4, generator=generator), config)
+    check_w4a16(
+        weights, config, hidden_TD, routing, path="gemv", gemv_tiles=PAIRED_GEMV
+    )
 
 
 def _gemm_tiles(

@@ -1,0 +1,132 @@
+"""Offline sm_90 compile of the decode GEMV kernels: registers and SASS, no GPU needed.
+
+``python bench/compile_sm90.py`` compiles ``_moe_gemv_kernel`` (bytes),
+``_moe_gemv_words_kernel`` and ``_moe_gemv_pairs_kernel`` with Triton's own compiler
+for an H100/H200 target (``GPUTarget("cuda", 90, 32)``; Triton's wheel bundles
+``ptxas``, ``cuobjdump`` and ``nvdisasm``), with the meta-parameters of a Mixtral-8x7B
+launch (symmetric group 128, bf16 activations, every size and stride divisible by
+16), gated (w13) and not (w2), and prints per variant the registers and stack bytes
+(spills) a thread, the SASS instructions of the K loop's body and its most frequent
+opcodes. What it numbers is what the GPU runs, not
+how fast: use it to iterate on a kernel's instruction count and register pressure
+before spending device time.
+"""
+
+# ruff: noqa: T201, TID253
+# A command-line script: print is its output; triton is what it runs.
+
+import collections
+import inspect
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.triton._kernels_gemv import _moe_gemv_kernel
+from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
+from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+POINTERS = {
+    "a_ptr": "*bf16", "w_ptr": "*i32", "scale_ptr": "*bf16", "zero_ptr": "*bf16",
+    "c_ptr": "*bf16", "ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "bias_ptr": "*i32",
+    "b_ptr": "*u8",
+}  # fmt: skip
+VARIANTS = [  # (label, kernel, block_n, prefetch, warps)
+    ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4),
+    ("words 8x512", _moe_gemv_words_kernel, 8, False, 1),
+    ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1),
+    ("paired 8x512 ahead", _moe_gemv_pairs_kernel, 8, True, 1),
+    ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1),
+]
+
+
+def compile_gemv(
+    kernel: Any, *, gated: bool, block_n: int, prefetch: bool, warps: int
+) -> Any:
+    """The kernel compiled for sm_90 with 512-column steps."""
+    params = list(inspect.signature(kernel.fn).parameters)
+    constants = {
+        "A_DIV": 2 if gated else 1, "GROUP": 128, "HAS_ZP": False, "GATED": gated,
+        "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
+        "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": None,
+        "ASM": True, "NG": 4,
+    }  # fmt: skip
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[object]]] = {}
+    for i, name in enumerate(params):
+        if name in constants:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = POINTERS.get(
+            name, "fp32" if name in ("alpha", "limit") else "i32"
+        )
+        attrs[(i,)] = [["tt.divisibility", 16]]
+    consts = {(params.index(k),): v for k, v in constants.items() if k in params}
+    source = ASTSource(kernel, signature, consts, attrs)
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}
+    )
+
+
+def describe(compiled: Any) -> str:
+    """Registers, the K loop's SASS count and its most frequent opcodes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run(
+            [BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
+            check=True,
+        ).stdout  # fmt: skip
+        sass = subprocess.run(
+            [BIN / "nvdisasm", "-c", cubin], capture_output=True, text=True, check=True
+        ).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    lines = sass.splitlines()
+    body: list[str] = []
+    for end, line in enumerate(lines):  # the longest backward branch's body
+        branch = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if branch is None:
+            continue
+        starts = [
+            i for i, text in enumerate(lines[:end]) if text.startswith(branch[1] + ":")
+        ]
+        if starts and end - starts[0] > len(body):
+            body = [
+                t
+                for t in lines[starts[0] : end + 1]
+                if re.match(r"\s+/\*[0-9a-f]+\*/", t)
+            ]
+    ops = collections.Counter(
+        m[1]
+        for t in body
+        if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]+)", t))
+    )
+    common = " ".join(f"{op}:{n}" for op, n in ops.most_common(8))
+    spill = stack[1] if stack else "?"
+    head = f"regs {regs[1] if regs else '?':>3} stack {spill:>3}"
+    return f"{head} loop {len(body):4d} SASS  {common}"
+
+
+def main() -> None:
+    """One line per variant and projection."""
+    for label, kernel, block_n, prefetch, warps in VARIANTS:
+        for gated in (True, False):
+            compiled = compile_gemv(
+                kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps
+            )
+            name = f"{label} {'w13 gated' if gated else 'w2'}"
+            print(f"{name:30s} {describe(compiled)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
