@@ -4,8 +4,8 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` or ``3``: the second sweep's
-or the table's tiles); at prefill the in-register GEMM, the dequant path and
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2``, ``3``, ``4`` or ``5``: the
+second sweep's, the one-word table's, the paired kernel's, or two-warp paired tiles); at prefill the in-register GEMM, the dequant path and
 ``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
 int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table;
@@ -103,8 +103,16 @@ WORD_GEMV_PAIRED = [
     (16, 512, 1, None, False, None, True), (16, 256, 1, None, False, None, True),
     (8, 1024, 1, None, False, None, True), (16, 512, 1, None, True, None, True),
 ]  # fmt: skip
-"""``SWEEP_WORDS=4``: the table's word tiles, then tiles of the paired kernel (a
-seventh entry ``True``)."""
+"""``SWEEP_WORDS=4``: the one-word table's tiles before the paired kernel, then tiles
+of the paired kernel (a seventh entry ``True``); ``sweeps/sweep_words_paired_h200.log``."""
+WORD_GEMV_PAIRED_NEXT = [
+    (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
+    (16, 512, 2, None, False, None, True), (32, 512, 2, None, False, None, True),
+    (16, 512, 2, None, True, None, True), (8, 512, 1, None, False, None, True),
+]  # fmt: skip
+"""``SWEEP_WORDS=5`` (not run yet): the paired table's two tiles against two-warp ones,
+which halve the registers a thread (the gated 16 x 512 step takes 254 with one warp,
+``sweeps/compile_sm90.log``)."""
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -143,6 +151,7 @@ def variants(
         out_w: dict[str, dict[str, object]] = {"auto": {}}
         word_set: list[tuple[object, ...]] = {
             "2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE, "4": WORD_GEMV_PAIRED,
+            "5": WORD_GEMV_PAIRED_NEXT,
         }.get(os.environ.get("SWEEP_WORDS", ""), WORD_GEMV)  # fmt: skip
         for i, (bn, bk, w, split, pre, stages, *paired) in enumerate(word_set):
             gt = GemvTiles(
