@@ -197,7 +197,7 @@ def time_case(name: str, m: int) -> None:
     )
     for proj, data, scale, a, a_div, n_out, gated in projections:
         b = ExpertMatrix(data=data, scale=scale, group_size=GROUP)
-        tiles = pick_gemv_tiles(ExpertMatrix(data=q.w13_qdata), ids.numel())
+        tiles = pick_gemv_tiles(ids.numel(), ExpertMatrix(data=q.w13_qdata))
         lib = torch.empty(ids.numel(), n_out, dtype=torch.bfloat16, device="cuda")
 
         def library(a: torch.Tensor = a, b: ExpertMatrix = b, lib: torch.Tensor = lib,

@@ -5,8 +5,9 @@ shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
 tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2``, ``3``, ``4`` or ``5``: the
-second sweep's, the one-word table's, the paired kernel's, or two-warp paired tiles); at prefill the in-register GEMM, the dequant path and
-``torch._grouped_mm`` on bf16 weights; ``emulation``: triton-emulation's GEMM tiles on
+second sweep's, the one-word table's, the paired kernel's, or two-warp paired tiles);
+at prefill the in-register GEMM, the dequant path and ``torch._grouped_mm`` on bf16
+weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
 int4 GEMM with swapped operands and nibble halves (``GemmTiles``) beside the table;
 ``group``: the launch orders (``GemmTiles.group_m``) of the table's tiles, int4 and bf16,

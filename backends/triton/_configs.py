@@ -163,20 +163,20 @@ GEMV_MAX_PAIRS: Final = 128
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
 experts); where w13 reads as int32 words (``int4_words_fit``) up to this many at <= one
 per expert. The paired GEMV against the GEMM at one pair per expert (M = 16 of the
-128-expert models; bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one
-run): Qwen3-235B 0.417 vs 0.502, Qwen3-30B-A3B 0.127 vs 0.147. The one-word kernel
-before it only tied there in a sweep and lost in a benchmark run (Qwen3-235B 0.479 vs
-0.436; ``sweeps/bench_h200_22b8951.log``), so that rule stopped at one pair per two
-experts. The word GEMV at 64 and 128 pairs and <= one per two experts
+128-expert models; bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one run):
+Qwen3-235B 0.417 vs 0.502, Qwen3-30B-A3B 0.127 vs 0.147. The one-word kernel before it
+only tied there in a sweep and lost in a benchmark run (Qwen3-235B 0.479 vs 0.436;
+``sweeps/bench_h200_22b8951.log``), so that rule stopped at one pair per two experts.
+The word GEMV at 64 and 128 pairs and <= one per two experts
 (bench/sweeps/sweep_words_m8_16_h200.log): DeepSeek-V3 M = 8 / 16 0.559 / 1.073 vs
-0.783 / 1.278; Qwen3-235B M = 8 0.258 vs 0.326, Qwen3-30B-A3B 0.082 vs 0.098. Past 128
-pairs, and expert counts between 8 and 128, not measured. Byte GEMV against the swapped nibble-halves GEMM (bench/sweeps/
-sweep_operands_round2_h200.log): at M = 1 the GEMV was faster on all four model shapes
-(Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs 0.082, DeepSeek-V3 0.136 vs 0.142,
-Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the GEMM won on Qwen3-235B and
-DeepSeek-V3, and the word GEMV then beat both; at M = 16 (128 pairs)
-the byte GEMV lost to the GEMM on DeepSeek-V3 by 1.3x (1.34 vs 1.72). One pair per
-expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log and
+0.783 / 1.278; Qwen3-235B M = 8 0.258 vs 0.326, Qwen3-30B-A3B 0.082 vs 0.098. Past
+128 pairs, and expert counts between 8 and 128, not measured. Byte GEMV against the
+swapped nibble-halves GEMM (bench/sweeps/sweep_operands_round2_h200.log): at M = 1 the
+GEMV was faster on all four model shapes (Mixtral 0.135 vs 0.144 ms, Qwen3-235B 0.073 vs
+0.082, DeepSeek-V3 0.136 vs 0.142, Qwen3-30B 0.029 vs 0.038); at M = 4 (32 pairs) the
+GEMM won on Qwen3-235B and DeepSeek-V3, and the word GEMV then beat both; at M = 16 (128
+pairs) the byte GEMV lost to the GEMM on DeepSeek-V3 by 1.3x (1.34 vs 1.72). One pair
+per expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log and
 sweep_words_mixtral_m2_8_h200.log): the word GEMV at M = 3 / 4 took 0.239 / 0.300 ms
 against the GEMM's 0.291 / 0.382; at M = 6 and 8 (1.5 and 2 pairs per expert) the GEMM
 won (0.340 vs 0.424, 0.431 vs 0.559)."""

@@ -55,14 +55,13 @@ def use_gemv(
 ) -> bool:
     """Decode rule: few pairs, seldom two on one expert.
 
-    int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and
-    <= one per expert. Other int4
-    (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <= one
-    pair per two experts; 16-bit only for experts below ``GEMV_16BIT_MAX_EXPERT``
-    (see ``GEMV_16BIT``). The pair-major GEMV reads a used expert's weights once per
-    pair (1.6 times on average at one pair per expert under uniform routing, 1.3 at
-    one per two), without the GEMM's 16-row minimum or its alignment (two fewer
-    launches).
+    int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and <=
+    one per expert. Other int4 (the byte GEMV) and 16-bit weights (emulation): <=
+    ``GEMV_FEW_PAIRS`` and <= one pair per two experts; 16-bit only for experts below
+    ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
+    expert's weights once per pair (1.6 times on average at one pair per expert under
+    uniform routing, 1.3 at one per two), without the GEMM's 16-row minimum or its
+    alignment (two fewer launches).
     """
     experts = int(w13.data.shape[0])
     if not enabled:
@@ -104,7 +103,7 @@ def pick_tiles(
     )
 
 
-def pick_gemv_tiles(w13: ExpertMatrix, num_pairs: int) -> GemvTiles:
+def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
     """GEMV tiles: ``GEMV_16BIT``, or for int4 int32 words or bytes.
 
     int4: where w13 reads as whole aligned words (``int4_words_fit``) the paired word
@@ -136,7 +135,7 @@ def _gemv_moe(
     """The ``gemv`` path: two pair-major GEMVs (int4 or 16-bit) and the top-k sum."""
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
-    chosen = tiles if tiles is not None else pick_gemv_tiles(w13, num_pairs)
+    chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs, w13)
     dtype = buffer_dtype(x_TD.dtype)
     inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
     launch_gemv(

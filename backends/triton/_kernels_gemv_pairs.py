@@ -15,6 +15,7 @@ from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
     _ASM_TAIL,
     _codes_asm,
+    _group_params,
     _half2,
     _half_bits,
     _products_asm,
@@ -110,11 +111,7 @@ def _pair_loads(
         s_mask = wa_mask
     words_a = tl.load(w_e + rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
     words_b = tl.load(w_e + rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
-    s = tl.load(s_e + rows * stride_sn + g_col, mask=s_mask, other=0.0)
-    if HAS_ZP:
-        z = tl.load(z_e + rows * stride_sn + g_col, mask=s_mask, other=0)
-    else:
-        z = tl.full([1, 1], 8, tl.int32)
+    s, z = _group_params(s_e, z_e, rows, g_col, s_mask, stride_sn, HAS_ZP)
     up_a = words_a
     up_b = words_b
     s_up = s
@@ -122,9 +119,7 @@ def _pair_loads(
     if GATED:
         up_a = tl.load(w_e + up_rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
         up_b = tl.load(w_e + up_rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
-        s_up = tl.load(s_e + up_rows * stride_sn + g_col, mask=s_mask, other=0.0)
-        if HAS_ZP:
-            z_up = tl.load(z_e + up_rows * stride_sn + g_col, mask=s_mask, other=0)
+        s_up, z_up = _group_params(s_e, z_e, up_rows, g_col, s_mask, stride_sn, HAS_ZP)
     return (
         words_a, words_b, up_a, up_b, s, s_up, z, z_up,
         _x_plane(x_ptr, wa, a_mask, 0), _x_plane(x_ptr, wa, a_mask, 1),

@@ -38,19 +38,9 @@ fma.rn.f16x2 d, d, k16, {zb};
 
 def _products_asm(first: int, *, start: bool) -> str:
     """PTX: ``acc (+)= a, b, c, d`` times input pairs ``$first .. $first+3``."""
-    head = (
-        f"mul.f16x2 acc, a, ${first}"
-        if start
-        else f"fma.rn.f16x2 acc, a, ${first}, acc"
-    )
-    return (
-        head
-        + ";\n"
-        + "".join(
-            f"fma.rn.f16x2 acc, {r}, ${first + i}, acc;\n"
-            for i, r in ((1, "b"), (2, "c"), (3, "d"))
-        )
-    )
+    ops = ["mul.f16x2 acc, a, ${}" if start else "fma.rn.f16x2 acc, a, ${}, acc"]
+    ops += [f"fma.rn.f16x2 acc, {r}, ${{}}, acc" for r in "bcd"]
+    return "".join(op.format(first + i) + ";\n" for i, op in enumerate(ops))
 
 
 _HALF2_ASM = tl.constexpr(
@@ -135,6 +125,17 @@ def _word_dot(words, z, h0, h1, h2, h3, h4, h5, h6, h7, ASM: tl.constexpr):
 
 
 @triton.jit
+def _group_params(s_e, z_e, rows, g_col, s_mask, stride_sn, HAS_ZP: tl.constexpr):
+    """Scales and zero points (8 without ``HAS_ZP``) of ``rows`` at ``g_col``."""
+    s = tl.load(s_e + rows * stride_sn + g_col, mask=s_mask, other=0.0)
+    if HAS_ZP:
+        z = tl.load(z_e + rows * stride_sn + g_col, mask=s_mask, other=0)
+    else:
+        z = tl.full([1, 1], 8, tl.int32)
+    return s, z
+
+
+@triton.jit
 def _word_loads(
     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
     GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
@@ -166,11 +167,7 @@ def _word_loads(
         g_col = (wi // WG)[None, :]
         s_mask = row_mask & i_mask[None, :]
     words = tl.load(w_e + rows * stride_wn + wi[None, :], mask=w_mask, other=0)
-    s = tl.load(s_e + rows * stride_sn + g_col, mask=s_mask, other=0.0)
-    if HAS_ZP:
-        z = tl.load(z_e + rows * stride_sn + g_col, mask=s_mask, other=0)
-    else:
-        z = tl.full([1, 1], 8, tl.int32)
+    s, z = _group_params(s_e, z_e, rows, g_col, s_mask, stride_sn, HAS_ZP)
     words_up = words
     s_up = s
     z_up = z
@@ -178,9 +175,7 @@ def _word_loads(
         words_up = tl.load(
             w_e + up_rows * stride_wn + wi[None, :], mask=w_mask, other=0
         )
-        s_up = tl.load(s_e + up_rows * stride_sn + g_col, mask=s_mask, other=0.0)
-        if HAS_ZP:
-            z_up = tl.load(z_e + up_rows * stride_sn + g_col, mask=s_mask, other=0)
+        s_up, z_up = _group_params(s_e, z_e, up_rows, g_col, s_mask, stride_sn, HAS_ZP)
     return (
         words, words_up, s, s_up, z, z_up,
         _x_plane(x_ptr, wi, i_mask, 0), _x_plane(x_ptr, wi, i_mask, 1),
@@ -251,8 +246,9 @@ def _moe_gemv_words_kernel(
     ``BW = BLOCK_K / 8`` words and the 8 input planes ``x[8 wi + j]``, divides them by
     ``2^E``, the power of two at or below their largest magnitude (exact; every scaled
     input is below 2, so the float16 products and their sums of 8, at most 2 * 15 * 8
-    in size, stay in range), and rounds them to float16: exact for the 16-bit inputs this kernel gets above
-    ``2^(E-14)`` (below, float16 subnormals keep them to ``2^(E-24)``)::
+    in size, stay in range), and rounds them to float16: exact for the 16-bit inputs
+    this kernel gets above ``2^(E-14)`` (below, float16 subnormals keep them to
+    ``2^(E-24)``)::
 
         for each step: h_j = fp16(x_j / 2^E)
                        t[n, wi] = sum_j (code_j - z[n, g]) h_j   (_HALF2_ASM, fp16 sums)

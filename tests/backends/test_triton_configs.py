@@ -194,10 +194,10 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
     few, many = configs.GEMV_PAIRED_FEW, configs.GEMV_PAIRED
     last_few = configs.GEMV_FEW_PAIRS
-    assert fused.pick_gemv_tiles(w13(4096, 14336), 2) is few  # Mixtral M = 1
-    assert fused.pick_gemv_tiles(w13(4096, 14336), last_few) is few  # Mixtral M = 4
-    assert fused.pick_gemv_tiles(w13(7168, 2048), last_few + 1) is many
-    assert fused.pick_gemv_tiles(w13(100, 64), 1) is configs.GEMV_FEW  # K = 100: bytes
+    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is few  # Mixtral M = 1
+    assert fused.pick_gemv_tiles(last_few, w13(4096, 14336)) is few  # Mixtral M = 4
+    assert fused.pick_gemv_tiles(last_few + 1, w13(7168, 2048)) is many
+    assert fused.pick_gemv_tiles(1, w13(100, 64)) is configs.GEMV_FEW  # K = 100: bytes
     assert (few.block_n, few.prefetch) == (8, True)
     assert (many.block_n, many.prefetch) == (16, False)
     assert attrs.evolve(few, block_n=16, prefetch=False) == many  # else the same tile
@@ -205,7 +205,7 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert many.paired
     assert not configs.GEMV_FEW.words
     dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
-    assert fused.pick_gemv_tiles(dense, 1) is configs.GEMV_16BIT
+    assert fused.pick_gemv_tiles(1, dense) is configs.GEMV_16BIT
 
 
 def test_dequant_is_the_prefill_rule() -> None:
