@@ -91,6 +91,19 @@ class GemvTiles:
     )
     words: bool = False
     paired: bool = False
+    stream: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
+
+    @stream.validator
+    def _stream_is_paired(self, attribute: object, value: int | None) -> None:
+        del attribute
+        if value is not None and not (self.words and self.paired):
+            msg = (
+                "GemvTiles.stream needs words=True and paired=True (it streams the "
+                f"paired word kernel), got words={self.words}, paired={self.paired}"
+            )
+            raise ValueError(msg)
 
 
 @attrs.frozen(kw_only=True)
