@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.triton._kernels_gemv import _moe_gemv_kernel
 from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
-from backends.triton._kernels_gemv_stream import _moe_gemv_stream_kernel
 from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -47,9 +46,6 @@ VARIANTS = [  # (label, kernel, block_n, prefetch, warps)
     ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1),
     ("paired 8x512 ahead", _moe_gemv_pairs_kernel, 8, True, 1),
     ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1),
-    ("stream 4x512", _moe_gemv_stream_kernel, 4, True, 1),
-    ("stream 8x512", _moe_gemv_stream_kernel, 8, True, 1),
-    ("stream 16x512", _moe_gemv_stream_kernel, 16, True, 1),
 ]
 
 
@@ -73,8 +69,7 @@ def compile_gemv(
         signature[name] = POINTERS.get(
             name, "fp32" if name in ("alpha", "limit") else "i32"
         )
-        if name != "tile_stride":  # a program count, not a size or stride
-            attrs[(i,)] = [["tt.divisibility", 16]]
+        attrs[(i,)] = [["tt.divisibility", 16]]
     consts = {(params.index(k),): v for k, v in constants.items() if k in params}
     source = ASTSource(kernel, signature, consts, attrs)
     return triton.compile(

@@ -91,19 +91,6 @@ class GemvTiles:
     )
     words: bool = False
     paired: bool = False
-    stream: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
-    )
-
-    @stream.validator
-    def _stream_is_paired(self, attribute: object, value: int | None) -> None:
-        del attribute
-        if value is not None and not (self.words and self.paired):
-            msg = (
-                "GemvTiles.stream needs words=True and paired=True (it streams the "
-                f"paired word kernel), got words={self.words}, paired={self.paired}"
-            )
-            raise ValueError(msg)
 
 
 @attrs.frozen(kw_only=True)
@@ -151,7 +138,9 @@ M = 4 0.050 (0.049), M = 16 0.127 (0.146; the GEMM 0.147); Qwen3-235B M = 4 0.12
 with prefetch), M = 16 0.913 (1.071). 8 x 512 paired was within 1-5% of it there;
 16 x 256, 8 x 1024 and prefetch were slower (to 1.5x). A persistent grid (8-24
 programs per multiprocessor looping over tiles; ``sweep_words_persistent_h200.log``,
-the tree of a6a820a) was slower in 11 of 12 model and token cells."""
+the tree of a6a820a) was slower in 11 of 12 model and token cells, and so was a
+streamed one, each program walking several row tiles with loads one step ahead across
+them (``sweep_words_stream_h200.log``, commit e733cbb), in every cell but a tie."""
 GEMV_PAIRED_FEW: Final = attrs.evolve(GEMV_PAIRED, block_n=8, prefetch=True)
 """``GEMV_PAIRED`` for <= ``GEMV_FEW_PAIRS`` pairs (one token, or Mixtral's four): 8
 rows, each step's words, scales and inputs loaded one step ahead. Same sweeps, ms:

@@ -75,14 +75,6 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device; 1 elsewhere (the CPU interpreter, XPU)."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return 1
-
-
 def _ptx_target(a: torch.Tensor) -> bool:
     """Whether kernels may use inline NVIDIA PTX: CUDA tensors, not the interpreter.
 
@@ -291,12 +283,8 @@ def launch_gemv(
         from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
         paired = tiles.paired and b.group_size >= 16  # two words a group
-        words = b.data.view(torch.int32)
-        if paired and tiles.stream is not None:
-            _launch_stream(a_MK, b, words, zero, out, grid, common, out_strides, meta,
-                           tiles)  # fmt: skip
-            return
         kernel = _moe_gemv_pairs_kernel if paired else _moe_gemv_words_kernel
+        words = b.data.view(torch.int32)
         kernel[grid](
             a_MK, words, b.scale, zero, out, *common,
             words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
@@ -317,39 +305,6 @@ def launch_gemv(
         b.data.stride(0), b.data.stride(1), b.scale.stride(0), b.scale.stride(1),
         *out_strides, NG=ng, PREFETCH=tiles.prefetch, LOOP_STAGES=tiles.loop_stages,
         **meta,
-    )  # fmt: skip
-
-
-def _launch_stream(
-    a_MK: torch.Tensor,
-    b: ExpertMatrix,
-    words: torch.Tensor,
-    zero: torch.Tensor,
-    out: torch.Tensor,
-    grid: tuple[int, int, int],
-    common: tuple[object, ...],
-    out_strides: tuple[int, int, int],
-    meta: dict[str, object],
-    tiles: GemvTiles,
-) -> None:
-    """``_moe_gemv_stream_kernel``: ``grid[1]`` row tiles shared out to programs.
-
-    ``P`` programs a pair and split, ``P`` the fewest that give ``tiles.stream``
-    programs per multiprocessor in all (the interpreter counts one), at most one per
-    row tile; program ``j`` runs tiles ``j, j + P, ...``.
-    """
-    from backends.triton._kernels_gemv_stream import _moe_gemv_stream_kernel
-
-    assert b.scale is not None
-    assert tiles.stream is not None
-    pairs, tiles_n, split = grid
-    per_gpu = tiles.stream * _sm_count(a_MK.device)
-    stride = min(tiles_n, ceil_div(per_gpu, pairs * split))
-    _moe_gemv_stream_kernel[(pairs, stride, split)](
-        a_MK, words, b.scale, zero, out, *common,
-        words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-        *out_strides, stride, EVEN=int(a_MK.shape[1]) % tiles.block_k == 0,
-        ASM=_ptx_target(a_MK), **meta,
     )  # fmt: skip
 
 

@@ -27,19 +27,9 @@ KERNELS = {
     "bytes": GemvTiles(block_n=16, block_k=512),
     "words": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True),
     "paired": GemvTiles(block_n=16, block_k=512, num_warps=1, words=True, paired=True),
-    "stream": GemvTiles(
-        block_n=8,
-        block_k=512,
-        num_warps=1,
-        words=True,
-        paired=True,
-        prefetch=True,
-        stream=8,
-    ),
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
-at the tile of the table before the paired one; paired: ``GEMV_PAIRED``; stream: the
-streamed paired kernel, 8 programs per multiprocessor)."""
+at the tile of the table before the paired one; paired: ``GEMV_PAIRED``)."""
 
 
 def _check(
@@ -194,7 +184,7 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
 )
-@pytest.mark.parametrize("kernel", ["words", "paired", "stream"])
+@pytest.mark.parametrize("kernel", ["words", "paired"])
 def test_word_gemv_inputs_of_any_magnitude(
     shape: str, scheme: Int4Scheme, kernel: str
 ) -> None:
@@ -251,18 +241,6 @@ def test_word_gemv_inputs_of_any_magnitude(
         GemvTiles(
             block_n=16, block_k=256, num_warps=1, words=True, paired=True, loop_stages=3
         ),
-        GemvTiles(
-            block_n=16, block_k=512, num_warps=1, words=True, paired=True, stream=1
-        ),
-        GemvTiles(
-            block_n=8,
-            block_k=256,
-            num_warps=1,
-            words=True,
-            paired=True,
-            stream=2,
-            w2_split=3,
-        ),
     ],
     ids=[
         "prefetch-16x512",
@@ -279,8 +257,6 @@ def test_word_gemv_inputs_of_any_magnitude(
         "paired-prefetch-16x512-k-tail",
         "paired-prefetch-split3-8x256",
         "paired-stages3-16x256",
-        "stream1-16x512-k-tail",
-        "stream2-split3-8x256",
     ],
 )
 @pytest.mark.parametrize(

@@ -89,11 +89,6 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
             block_n=16, block_k=32, words=True, paired=True, prefetch=True, w2_split=3
         ),
         GemvTiles(block_n=16, block_k=32, words=True, paired=True, loop_stages=2),
-        GemvTiles(block_n=16, block_k=64, words=True, paired=True, stream=1),
-        GemvTiles(block_n=16, block_k=32, words=True, paired=True, stream=12),
-        GemvTiles(
-            block_n=16, block_k=32, words=True, paired=True, stream=1, w2_split=3
-        ),
     ],
     ids=[
         "prefetch",
@@ -110,11 +105,6 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         "paired-prefetch-k-tail",
         "paired-prefetch-split-3",
         "paired-loop-stages-2",
-        # one program a pair walks all its row tiles (w13: 8 of them, 2 steps each)
-        "stream-all-tiles-k-tail",
-        # 6 pairs, 12 programs: two a pair, tiles 0, 2, 4 ... and 1, 3, 5 ...
-        "stream-two-programs-a-pair",
-        "stream-split-3",
     ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
