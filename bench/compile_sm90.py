@@ -58,7 +58,7 @@ def compile_gemv(
         "A_DIV": 2 if gated else 1, "GROUP": 128, "HAS_ZP": False, "GATED": gated,
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": None,
-        "ASM": True, "NG": 4,
+        "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
     }  # fmt: skip
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[object]]] = {}

@@ -4,8 +4,9 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2``, ``3``, ``4`` or ``5``: the
-second sweep's, the one-word table's, the paired kernel's, or two-warp paired tiles);
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``6``: the
+second sweep's, the one-word table's, the paired kernel's, two-warp paired tiles, or
+the paired table's with programmatic dependent launch);
 at prefill the in-register GEMM, the dequant path and ``torch._grouped_mm`` on bf16
 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
@@ -114,6 +115,14 @@ WORD_GEMV_PAIRED_NEXT = [
 """``SWEEP_WORDS=5`` (not run yet): the paired table's two tiles against two-warp ones,
 which halve the registers a thread (the gated 16 x 512 step takes 254 with one warp,
 ``sweeps/compile_sm90.log``)."""
+WORD_GEMV_PDL = [
+    (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
+    (8, 512, 1, None, True, None, True, True), (16, 512, 1, None, False, None, True, True),
+    (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
+]  # fmt: skip
+"""``SWEEP_WORDS=6``: the paired table's two tiles without and with programmatic
+dependent launch (an eighth entry: ``GemvTiles.pdl``), then without again (run-to-run
+noise)."""
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -152,15 +161,17 @@ def variants(
         out_w: dict[str, dict[str, object]] = {"auto": {}}
         word_set: list[tuple[object, ...]] = {
             "2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE, "4": WORD_GEMV_PAIRED,
-            "5": WORD_GEMV_PAIRED_NEXT,
+            "5": WORD_GEMV_PAIRED_NEXT, "6": WORD_GEMV_PDL,
         }.get(os.environ.get("SWEEP_WORDS", ""), WORD_GEMV)  # fmt: skip
-        for i, (bn, bk, w, split, pre, stages, *paired) in enumerate(word_set):
+        for i, (bn, bk, w, split, pre, stages, *more) in enumerate(word_set):
+            pdl = len(more) > 1 and bool(more[1])
             gt = GemvTiles(
                 block_n=bn, block_k=bk, num_warps=w, w2_split=split, words=True,
-                prefetch=pre, loop_stages=stages, paired=bool(paired),
+                prefetch=pre, loop_stages=stages, paired=bool(more), pdl=pdl,
             )  # fmt: skip
             name = f"words bn{bn} bk{bk} w{w} split{split} pre{int(pre)} st{stages}"
-            name += " paired" if paired else ""
+            name += " paired" if more else ""
+            name += " pdl" if pdl else ""
             out_w[name if name not in out_w else f"{name} #{i}"] = {
                 "gemv_tiles": gt,
                 "path": "gemv",

@@ -79,6 +79,11 @@ class GemvTiles:
         paired: sum two words of one group per float16 chain, scaling and
             accumulating once for both (``_kernels_gemv_pairs.py``), where
             ``words`` applies and groups hold two words or more (``G >= 16``).
+        pdl: programmatic dependent launch on sm_90 and newer (``launch_pdl``): the
+            word and paired w13 GEMVs let the next kernel launch as soon as all their
+            programs have started, and the w2 GEMV (word kernels) and the top-k sum
+            start early and wait (``griddepcontrol.wait``) before reading what the
+            kernel before them wrote; their launch latency hides behind its tail.
     """
 
     block_n: int
@@ -91,6 +96,7 @@ class GemvTiles:
     )
     words: bool = False
     paired: bool = False
+    pdl: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -126,7 +132,7 @@ GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
 most ``GEMV_FEW_PAIRS`` pairs. Before the half2 word GEMV this also served <= 8 pairs
 of small experts (M = 1: 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, H200)."""
 GEMV_PAIRED: Final = GemvTiles(
-    block_n=16, block_k=512, num_warps=1, words=True, paired=True
+    block_n=16, block_k=512, num_warps=1, words=True, paired=True, pdl=True
 )
 """Decode GEMV on int32 words, two words of a group per float16 chain
 (``_kernels_gemv_pairs.py``), wherever the weights are whole aligned words; past
@@ -140,13 +146,19 @@ with prefetch), M = 16 0.913 (1.071). 8 x 512 paired was within 1-5% of it there
 programs per multiprocessor looping over tiles; ``sweep_words_persistent_h200.log``,
 the tree of a6a820a) was slower in 11 of 12 model and token cells, and so was a
 streamed one, each program walking several row tiles with loads one step ahead across
-them (``sweep_words_stream_h200.log``, commit e733cbb), in every cell but a tie."""
+them (``sweep_words_stream_h200.log``, commit e733cbb), in every cell but a tie.
+Programmatic dependent launch (``pdl``; ``sweep_words_pdl_h200.log``, same run, ms,
+without in brackets): Qwen3-30B-A3B M = 4 0.048 (0.050), M = 16 0.126 (0.127);
+Qwen3-235B M = 4 0.123 (0.124); DeepSeek-V3 M = 4 0.255 (0.257-0.258); never slower."""
 GEMV_PAIRED_FEW: Final = attrs.evolve(GEMV_PAIRED, block_n=8, prefetch=True)
 """``GEMV_PAIRED`` for <= ``GEMV_FEW_PAIRS`` pairs (one token, or Mixtral's four): 8
 rows, each step's words, scales and inputs loaded one step ahead. Same sweeps, ms:
 Mixtral M = 1 0.085-0.086 (16 x 512 0.089, the previous table 0.095), M = 4 0.273
 (0.269); Qwen3-30B-A3B M = 1 0.022 (0.025, 0.023); Qwen3-235B M = 1 0.049 (0.049,
-0.048); DeepSeek-V3 M = 1 0.084 (0.082, 0.088)."""
+0.048); DeepSeek-V3 M = 1 0.084 (0.082, 0.088). With ``pdl``
+(``sweep_words_pdl_h200.log``, without in brackets): Qwen3-30B-A3B M = 1 0.0199
+(0.0216-0.0220), Qwen3-235B 0.0471 (0.0484-0.0489), DeepSeek-V3 0.0822
+(0.0837-0.0842), Mixtral 0.0842 (0.0849-0.0858)."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's

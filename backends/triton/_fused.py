@@ -153,7 +153,9 @@ def _gemv_moe(
         tiles=chosen, split=split,
     )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
-    return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype)
+    return reduce_topk(
+        part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=chosen.pdl
+    )
 
 
 def _dequant_scratch(

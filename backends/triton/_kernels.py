@@ -300,6 +300,29 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
+def _grid_dependency(WAIT: tl.constexpr, NEXT: tl.constexpr):
+    """Programmatic dependent launch (sm_90+; ``GemvTiles.pdl``).
+
+    ``WAIT``: block until the kernel launched before this one has finished and its
+    writes are visible (this kernel was launched with ``launch_pdl``, so it may start
+    while that kernel still runs): every read of that kernel's outputs, and every
+    write, must come after it. ``NEXT``: let the next kernel launch (if it was
+    launched with ``launch_pdl``) once every program of this one has got here or
+    exited. PTX ``griddepcontrol``; both are no-ops on a launch without PDL.
+    """
+    if WAIT:
+        tl.inline_asm_elementwise(
+            "griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False,
+            pack=1,
+        )  # fmt: skip
+    if NEXT:
+        tl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+            is_pure=False, pack=1,
+        )  # fmt: skip
+
+
+@triton.jit
 def _reduce_topk_kernel(
     # pointers
     part_ptr,
@@ -317,8 +340,13 @@ def _reduce_topk_kernel(
     SPLIT: tl.constexpr,
     WEIGHTED: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """``out[t] = sum over k, s of w[t, k] * part[s, t*TOP_K + k]``, skipping ids ``-1``."""
+    """``out[t] = sum over k, s of w[t, k] * part[s, t*TOP_K + k]``, skipping ids ``-1``.
+
+    ``PDL``: launched with ``launch_pdl`` behind the w2 GEMV; waits for it first.
+    """
+    _grid_dependency(PDL, NEXT=False)
     t = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_mask = offs_d < D

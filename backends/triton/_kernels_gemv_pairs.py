@@ -10,6 +10,7 @@ row and one group: one float32 conversion, one scale and one accumulation for bo
 import triton
 import triton.language as tl
 
+from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
@@ -250,6 +251,8 @@ def _moe_gemv_pairs_kernel(
     PREFETCH: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
     ASM: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
+    PDL_NEXT: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
@@ -263,6 +266,7 @@ def _moe_gemv_pairs_kernel(
     e = tl.load(ids_ptr + p)
     if e < 0:
         return
+    _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
     offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
         p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
         stride_we, stride_se, A_DIV, BLOCK_N,

@@ -7,6 +7,7 @@
 import triton
 import triton.language as tl
 
+from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 
 _ASM_HEAD = """{
@@ -234,6 +235,8 @@ def _moe_gemv_words_kernel(
     PREFETCH: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
     ASM: tl.constexpr,
+    PDL_WAIT: tl.constexpr,
+    PDL_NEXT: tl.constexpr,
 ):
     """``_moe_gemv_kernel``'s contract on int32 words, products in float16 pairs.
 
@@ -258,11 +261,17 @@ def _moe_gemv_words_kernel(
     Each word's sum of 8 products is rounded to float16 (11 bits): about 3e-4 relative
     error on a GEMV output against float32 math on the same values, far below int4's
     own quantization error and bf16's output rounding (2^-9).
+
+    ``PDL_WAIT`` / ``PDL_NEXT`` (``_grid_dependency``, ``GemvTiles.pdl``): after its
+    expert id each program waits for the kernel before it (the w2 GEMV, launched with
+    ``launch_pdl`` behind w13: ids were written before w13 started) and lets the next
+    one launch.
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
     if e < 0:
         return
+    _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
     BW: tl.constexpr = BLOCK_K // 8
     offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
         p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,

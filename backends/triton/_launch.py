@@ -75,6 +75,27 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def pdl_target(a: torch.Tensor) -> bool:
+    """Whether kernels on ``a``'s device may use programmatic dependent launch.
+
+    CUDA devices of compute capability 9.0 or newer, not the interpreter.
+    """
+    return _ptx_target(a) and _capability(a.device) >= 9
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    return int(torch.cuda.get_device_capability(device)[0])
+
+
+def _pdl_launch(*, on: bool) -> dict[str, bool]:
+    """Launch options of a dependent kernel: ``launch_pdl`` only where it is on.
+
+    Triton builds for other targets may not know the option.
+    """
+    return {"launch_pdl": True} if on else {}
+
+
 def _ptx_target(a: torch.Tensor) -> bool:
     """Whether kernels may use inline NVIDIA PTX: CUDA tensors, not the interpreter.
 
@@ -285,11 +306,14 @@ def launch_gemv(
         paired = tiles.paired and b.group_size >= 16  # two words a group
         kernel = _moe_gemv_pairs_kernel if paired else _moe_gemv_words_kernel
         words = b.data.view(torch.int32)
+        pdl = tiles.pdl and pdl_target(a_MK)
         kernel[grid](
             a_MK, words, b.scale, zero, out, *common,
             words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
             *out_strides, EVEN=k % tiles.block_k == 0, PREFETCH=tiles.prefetch,
-            LOOP_STAGES=tiles.loop_stages, ASM=_ptx_target(a_MK), **meta,
+            LOOP_STAGES=tiles.loop_stages, ASM=_ptx_target(a_MK),
+            PDL_WAIT=pdl and not gated, PDL_NEXT=pdl, **meta,
+            **_pdl_launch(on=pdl and not gated),
         )  # fmt: skip
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel
@@ -330,9 +354,18 @@ def _gemv_meta(
 
 
 def reduce_topk(
-    part_SND: torch.Tensor, routing: Routing, *, weighted: bool, dtype: torch.dtype
+    part_SND: torch.Tensor,
+    routing: Routing,
+    *,
+    weighted: bool,
+    dtype: torch.dtype,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """``(T, D)``: sum of the K-split partials and the top-k pairs of each token."""
+    """``(T, D)``: sum of the K-split partials and the top-k pairs of each token.
+
+    ``pdl``: launched with programmatic dependent launch (where ``pdl_target``),
+    waiting for the kernel before it on the GPU (``GemvTiles.pdl``).
+    """
     from backends.triton._kernels import _reduce_topk_kernel
 
     t, top_k = routing.topk_ids.shape
@@ -352,6 +385,8 @@ def reduce_topk(
         SPLIT=int(part_SND.shape[0]),
         WEIGHTED=weighted,
         BLOCK_D=block_d,
+        PDL=pdl and pdl_target(part_SND),
+        **_pdl_launch(on=pdl and pdl_target(part_SND)),
     )
     return out_TD.to(dtype)
 

@@ -183,8 +183,8 @@ def test_gemv_is_the_decode_rule() -> None:
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Paired int32 words wherever w13 is whole aligned words (8 rows loading one step
-    ahead up to GEMV_FEW_PAIRS pairs, 16 rows past them), else bytes; 16-bit weights
-    their own."""
+    ahead up to GEMV_FEW_PAIRS pairs, 16 rows past them, both with programmatic
+    dependent launch), else bytes; 16-bit weights their own."""
     monkeypatch.setattr(fused, "is_interpreting", lambda: False)
 
     def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
@@ -203,6 +203,7 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert attrs.evolve(few, block_n=16, prefetch=False) == many  # else the same tile
     assert many.words
     assert many.paired
+    assert many.pdl  # programmatic dependent launch where the GPU has it
     assert not configs.GEMV_FEW.words
     dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
     assert fused.pick_gemv_tiles(1, dense) is configs.GEMV_16BIT

@@ -4,6 +4,7 @@
 Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts, ``K`` top_k.
 """
 
+import attrs
 import pytest
 import torch
 
@@ -27,9 +28,19 @@ KERNELS = {
     "bytes": GemvTiles(block_n=16, block_k=512),
     "words": GemvTiles(block_n=8, block_k=512, num_warps=1, words=True),
     "paired": GemvTiles(block_n=16, block_k=512, num_warps=1, words=True, paired=True),
+    "pdl": GemvTiles(
+        block_n=8,
+        block_k=512,
+        num_warps=1,
+        words=True,
+        paired=True,
+        prefetch=True,
+        pdl=True,
+    ),
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
-at the tile of the table before the paired one; paired: ``GEMV_PAIRED``)."""
+at the tile of the table before the paired one; paired: ``GEMV_PAIRED``; pdl:
+``GEMV_PAIRED_FEW`` with programmatic dependent launch)."""
 
 
 def _check(
@@ -287,3 +298,43 @@ def test_gemv_rule_splits_w2_when_programs_are_few() -> None:
         ),
         hidden_TD, routing, weights, config, reroute=False, replays=2,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "size", [(8, 2, 4096, 14336, 1), (128, 8, 2048, 768, 1), (64, 4, 1024, 512, 3)]
+)
+def test_pdl_matches_serial_launches(size: tuple[int, int, int, int, int]) -> None:
+    """Programmatic dependent launch lets the w2 GEMV and the top-k sum start before
+    the kernel ahead of them ends: a wait in the wrong place would read a partial
+    intermediate. Eager and graph-replayed outputs must equal, bit for bit, those of
+    the same kernels launched one after the other, over many forwards with fresh
+    inputs (w2 split 2 at Mixtral's shape, 1 at the others)."""
+    e, k, d, f, t = size
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    weights = int4_weights(
+        config, SCHEMES[0], torch.bfloat16, torch.Generator().manual_seed(4)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
+    routing = gpu_routing(config, t)
+    serial = attrs.evolve(KERNELS["pdl"], pdl=False)
+
+    def forward(tiles: GemvTiles) -> torch.Tensor:
+        return fused_moe(
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+            gemv_tiles=tiles,
+        )  # fmt: skip
+
+    forward(KERNELS["pdl"])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = forward(KERNELS["pdl"])
+    for _ in range(10):
+        hidden_TD.copy_(torch.randn_like(hidden_TD))
+        fresh = gpu_routing(config, t)
+        routing.topk_ids.copy_(fresh.topk_ids)
+        routing.topk_weights.copy_(fresh.topk_weights)
+        expected = forward(serial)
+        assert torch.equal(forward(KERNELS["pdl"]), expected)
+        graph.replay()
+        assert torch.equal(replayed, expected)

@@ -89,6 +89,7 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
             block_n=16, block_k=32, words=True, paired=True, prefetch=True, w2_split=3
         ),
         GemvTiles(block_n=16, block_k=32, words=True, paired=True, loop_stages=2),
+        GemvTiles(block_n=16, block_k=64, words=True, paired=True, pdl=True),
     ],
     ids=[
         "prefetch",
@@ -105,6 +106,7 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         "paired-prefetch-k-tail",
         "paired-prefetch-split-3",
         "paired-loop-stages-2",
+        "paired-pdl-ignored-off-sm90",  # plain launches where the GPU lacks PDL
     ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
