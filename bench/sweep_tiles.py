@@ -112,9 +112,10 @@ WORD_GEMV_PAIRED_NEXT = [
     (16, 512, 2, None, False, None, True), (32, 512, 2, None, False, None, True),
     (16, 512, 2, None, True, None, True), (8, 512, 1, None, False, None, True),
 ]  # fmt: skip
-"""``SWEEP_WORDS=5`` (not run yet): the paired table's two tiles against two-warp ones,
-which halve the registers a thread (the gated 16 x 512 step takes 254 with one warp,
-``sweeps/compile_sm90.log``)."""
+"""``SWEEP_WORDS=5`` (not run as a set): the paired table's two tiles against two-warp
+ones, which halve the registers a thread (the gated 16 x 512 step takes 254 with one
+warp, ``sweeps/compile_sm90.log``). Its two-warp 16 x 512 tile ran beside the streamed
+GEMV (``sweeps/sweep_words_stream_h200.log``): 1.2-1.8x slower than the table."""
 WORD_GEMV_PDL = [
     (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
     (8, 512, 1, None, True, None, True, True), (16, 512, 1, None, False, None, True, True),
