@@ -370,6 +370,7 @@ def reduce_topk(
 
     t, top_k = routing.topk_ids.shape
     d = int(part_SND.shape[2])
+    pdl = pdl and pdl_target(part_SND)
     out_TD = torch.empty(t, d, dtype=buffer_dtype(dtype), device=part_SND.device)
     block_d = min(1024, next_pow2(d))
     _reduce_topk_kernel[(t, ceil_div(d, block_d))](
@@ -385,8 +386,8 @@ def reduce_topk(
         SPLIT=int(part_SND.shape[0]),
         WEIGHTED=weighted,
         BLOCK_D=block_d,
-        PDL=pdl and pdl_target(part_SND),
-        **_pdl_launch(on=pdl and pdl_target(part_SND)),
+        PDL=pdl,
+        **_pdl_launch(on=pdl),
     )
     return out_TD.to(dtype)
 
