@@ -7,7 +7,9 @@ for an H100/H200 target (``GPUTarget("cuda", 90, 32)``; Triton's wheel bundles
 launch (symmetric group 128, bf16 activations, every size and stride divisible by
 16), gated (w13) and not (w2), and prints per variant the registers and stack bytes
 (spills) a thread, the SASS instructions of the K loop's body and its most frequent
-opcodes. What it numbers is what the GPU runs, not
+opcodes (the loop: the longest conditional backward branch; TMA waits spin in
+out-of-line blocks that jump back unconditionally). What it numbers is what the GPU
+runs, not
 how fast: use it to iterate on a kernel's instruction count and register pressure
 before spending device time.
 """
@@ -40,40 +42,60 @@ POINTERS = {
     "c_ptr": "*bf16", "ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "bias_ptr": "*i32",
     "b_ptr": "*u8",
 }  # fmt: skip
-VARIANTS = [  # (label, kernel, block_n, prefetch, warps)
-    ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4),
-    ("words 8x512", _moe_gemv_words_kernel, 8, False, 1),
-    ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1),
-    ("paired 8x512 ahead", _moe_gemv_pairs_kernel, 8, True, 1),
-    ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1),
+VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
+    ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4, None),
+    ("words 8x512", _moe_gemv_words_kernel, 8, False, 1, None),
+    ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1, None),
+    ("paired 8x512 ahead", _moe_gemv_pairs_kernel, 8, True, 1, None),
+    ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1, None),
+    ("paired 8x512 tma 3", _moe_gemv_pairs_kernel, 8, False, 1, 3),
+    ("paired 16x512 tma 2", _moe_gemv_pairs_kernel, 16, False, 1, 2),
 ]
+GROUP = 128
 
 
 def compile_gemv(
-    kernel: Any, *, gated: bool, block_n: int, prefetch: bool, warps: int
+    kernel: Any,
+    *,
+    gated: bool,
+    block_n: int,
+    prefetch: bool,
+    warps: int,
+    tma: int | None = None,
 ) -> Any:
-    """The kernel compiled for sm_90 with 512-column steps."""
+    """The kernel compiled for sm_90 with 512-column steps.
+
+    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep.
+    """
     params = list(inspect.signature(kernel.fn).parameters)
     constants = {
-        "A_DIV": 2 if gated else 1, "GROUP": 128, "HAS_ZP": False, "GATED": gated,
+        "A_DIV": 2 if gated else 1, "GROUP": GROUP, "HAS_ZP": False, "GATED": gated,
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
-        "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": None,
+        "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
         "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
+        "TMA": tma is not None,
     }  # fmt: skip
+    if tma is None:
+        constants["w_desc"] = None
+    half = GROUP // 16  # the paired kernel's words per half-chunk (512 > GROUP)
+    desc = f"tensordesc<i32[{block_n}, {512 // GROUP}, 1, {half}]>"
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[object]]] = {}
     for i, name in enumerate(params):
         if name in constants:
             signature[name] = "constexpr"
             continue
-        signature[name] = POINTERS.get(
-            name, "fp32" if name in ("alpha", "limit") else "i32"
+        signature[name] = (
+            desc
+            if name == "w_desc"
+            else POINTERS.get(name, "fp32" if name in ("alpha", "limit") else "i32")
         )
-        attrs[(i,)] = [["tt.divisibility", 16]]
+        if name != "w_desc":
+            attrs[(i,)] = [["tt.divisibility", 16]]
     consts = {(params.index(k),): v for k, v in constants.items() if k in params}
     source = ASTSource(kernel, signature, consts, attrs)
     return triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
     )
 
 
@@ -93,8 +115,8 @@ def describe(compiled: Any) -> str:
     stack = re.search(r"STACK:(\d+)", usage)
     lines = sass.splitlines()
     body: list[str] = []
-    for end, line in enumerate(lines):  # the longest backward branch's body
-        branch = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+    for end, line in enumerate(lines):  # the longest conditional backward branch's body
+        branch = re.search(r"@!?U?P\w+\s+BRA `\((\.L_x_\d+)\)", line)
         if branch is None:
             continue
         starts = [
@@ -114,16 +136,18 @@ def describe(compiled: Any) -> str:
     common = " ".join(f"{op}:{n}" for op, n in ops.most_common(8))
     spill = stack[1] if stack else "?"
     head = f"regs {regs[1] if regs else '?':>3} stack {spill:>3}"
+    head += f" smem {compiled.metadata.shared:>5}"
     return f"{head} loop {len(body):4d} SASS  {common}"
 
 
 def main() -> None:
     """One line per variant and projection."""
-    for label, kernel, block_n, prefetch, warps in VARIANTS:
+    for label, kernel, block_n, prefetch, warps, tma in VARIANTS:
         for gated in (True, False):
             compiled = compile_gemv(
-                kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps
-            )
+                kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
+                tma=tma,
+            )  # fmt: skip
             name = f"{label} {'w13 gated' if gated else 'w2'}"
             print(f"{name:30s} {describe(compiled)}", flush=True)
 

@@ -4,9 +4,9 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``6``: the
-second sweep's, the one-word table's, the paired kernel's, two-warp paired tiles, or
-the paired table's with programmatic dependent launch);
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``7``: the
+second sweep's, the one-word table's, the paired kernel's, two-warp paired tiles, the
+paired table's with programmatic dependent launch, or TMA reads);
 at prefill the in-register GEMM, the dequant path and ``torch._grouped_mm`` on bf16
 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
@@ -124,6 +124,16 @@ WORD_GEMV_PDL = [
 """``SWEEP_WORDS=6``: the paired table's two tiles without and with programmatic
 dependent launch (an eighth entry: ``GemvTiles.pdl``), then without again (run-to-run
 noise)."""
+WORD_GEMV_TMA = [
+    (8, 512, 1, None, True, None, True, True), (16, 512, 1, None, False, None, True, True),
+    (8, 512, 1, None, False, 2, True, True, True), (8, 512, 1, None, False, 3, True, True, True),
+    (8, 512, 1, None, False, 4, True, True, True), (16, 512, 1, None, False, 2, True, True, True),
+    (16, 512, 1, None, False, 3, True, True, True), (4, 512, 1, None, False, 4, True, True, True),
+    (8, 256, 1, None, False, 4, True, True, True), (8, 512, 1, None, True, None, True, True),
+]  # fmt: skip
+"""``SWEEP_WORDS=7``: the paired table's two tiles (with programmatic dependent launch)
+against TMA reads (a ninth entry: ``GemvTiles.tma``, pipelined ``loop_stages`` deep),
+then the first again (run-to-run noise)."""
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -162,17 +172,19 @@ def variants(
         out_w: dict[str, dict[str, object]] = {"auto": {}}
         word_set: list[tuple[object, ...]] = {
             "2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE, "4": WORD_GEMV_PAIRED,
-            "5": WORD_GEMV_PAIRED_NEXT, "6": WORD_GEMV_PDL,
+            "5": WORD_GEMV_PAIRED_NEXT, "6": WORD_GEMV_PDL, "7": WORD_GEMV_TMA,
         }.get(os.environ.get("SWEEP_WORDS", ""), WORD_GEMV)  # fmt: skip
         for i, (bn, bk, w, split, pre, stages, *more) in enumerate(word_set):
             pdl = len(more) > 1 and bool(more[1])
+            tma = len(more) > 2 and bool(more[2])
             gt = GemvTiles(
                 block_n=bn, block_k=bk, num_warps=w, w2_split=split, words=True,
-                prefetch=pre, loop_stages=stages, paired=bool(more), pdl=pdl,
+                prefetch=pre, loop_stages=stages, paired=bool(more), pdl=pdl, tma=tma,
             )  # fmt: skip
             name = f"words bn{bn} bk{bk} w{w} split{split} pre{int(pre)} st{stages}"
             name += " paired" if more else ""
             name += " pdl" if pdl else ""
+            name += " tma" if tma else ""
             out_w[name if name not in out_w else f"{name} #{i}"] = {
                 "gemv_tiles": gt,
                 "path": "gemv",

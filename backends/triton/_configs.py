@@ -84,6 +84,10 @@ class GemvTiles:
             programs have started, and the w2 GEMV (word kernels) and the top-k sum
             start early and wait (``griddepcontrol.wait``) before reading what the
             kernel before them wrote; their launch latency hides behind its tail.
+        tma: the paired kernel reads its weight words by bulk tensor copies (TMA, a
+            tensor descriptor), which Triton pipelines through shared memory
+            ``loop_stages`` deep (sm_90 and newer, and the CPU interpreter; words in
+            the layout ``tma_fit`` asks for). Else, and elsewhere, plain loads.
     """
 
     block_n: int
@@ -97,6 +101,7 @@ class GemvTiles:
     words: bool = False
     paired: bool = False
     pdl: bool = False
+    tma: bool = False
 
 
 @attrs.frozen(kw_only=True)

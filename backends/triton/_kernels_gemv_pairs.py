@@ -68,10 +68,29 @@ def _pair_dot(
 
 
 @triton.jit
+def _tma_words(
+    w_desc, row, k0, BLOCK_N: tl.constexpr, BW: tl.constexpr, HALF: tl.constexpr
+):
+    """A step's ``wa`` and ``wb`` tiles of ``BLOCK_N`` rows from ``row`` on, by TMA.
+
+    ``w_desc`` views the words as ``[rows, K / (16 HALF), 2, HALF]`` (chunks of two
+    halves), blocks ``[BLOCK_N, BW / (2 HALF), 1, HALF]``: half 0 of the step's chunks
+    is ``wa``, half 1 ``wb``. Rows past the tensor and chunks past ``K`` read zeros.
+    """
+    row = tl.cast(row, tl.int32)  # descriptor offsets are int32
+    chunk = tl.cast(k0 // (16 * HALF), tl.int32)
+    wa = tl.reshape(w_desc.load([row, chunk, 0, 0]), [BLOCK_N, BW // 2])
+    wb = tl.reshape(w_desc.load([row, chunk, 1, 0]), [BLOCK_N, BW // 2])
+    return wa, wb
+
+
+@triton.jit
 def _pair_loads(
     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
+    w_desc, row_tma, up_tma,
     GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     GATED: tl.constexpr, HAS_ZP: tl.constexpr, PREFETCH: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """``_word_loads`` of the paired kernel: a step's words as two ``[BN, BW / 2]`` tiles.
 
@@ -81,8 +100,11 @@ def _pair_loads(
         HALF = BW / 2 if BLOCK_K <= GROUP else GROUP / 16
         wa(i) = (i // HALF) * 2 HALF + i % HALF
 
-    Returns the words (a, b; up a, up b), scales and zero points (gate, up; one per
-    element, shared by a and b) and the 8 input planes of a, then of b.
+    ``TMA``: the words come through ``w_desc`` (``_tma_words``; rows ``row_tma`` and
+    ``up_tma`` of its first dimension), unmasked: rows past ``N`` are dropped at the
+    store, and words past ``k_hi`` meet zero inputs (the input planes keep their
+    masks). Returns the words (a, b; up a, up b), scales and zero points (gate, up;
+    one per element, shared by a and b) and the 8 input planes of a, then of b.
     """
     BW: tl.constexpr = BLOCK_K // 8
     WG: tl.constexpr = GROUP // 8
@@ -110,16 +132,27 @@ def _pair_loads(
     else:
         g_col = (wa // WG)[None, :]
         s_mask = wa_mask
-    words_a = tl.load(w_e + rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
-    words_b = tl.load(w_e + rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
+    BN: tl.constexpr = n_mask.shape[0]
+    if TMA:
+        words_a, words_b = _tma_words(w_desc, row_tma, k0, BN, BW, HALF)
+    else:
+        words_a = tl.load(w_e + rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
+        words_b = tl.load(w_e + rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
     s, z = _group_params(s_e, z_e, rows, g_col, s_mask, stride_sn, HAS_ZP)
     up_a = words_a
     up_b = words_b
     s_up = s
     z_up = z
     if GATED:
-        up_a = tl.load(w_e + up_rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
-        up_b = tl.load(w_e + up_rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
+        if TMA:
+            up_a, up_b = _tma_words(w_desc, up_tma, k0, BN, BW, HALF)
+        else:
+            up_a = tl.load(
+                w_e + up_rows * stride_wn + wa[None, :], mask=wa_mask, other=0
+            )
+            up_b = tl.load(
+                w_e + up_rows * stride_wn + wb[None, :], mask=wb_mask, other=0
+            )
         s_up, z_up = _group_params(s_e, z_e, up_rows, g_col, s_mask, stride_sn, HAS_ZP)
     return (
         words_a, words_b, up_a, up_b, s, s_up, z, z_up,
@@ -161,9 +194,11 @@ def _pair_scale(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
 @triton.jit
 def _paired_loop(
     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, k_lo, k_hi, stride_wn, stride_sn,
+    w_desc, row_tma, up_tma,
     GROUP: tl.constexpr, GATED: tl.constexpr, HAS_ZP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """The paired K loop: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up)."""
     BH: tl.constexpr = BLOCK_K // 16
@@ -174,7 +209,8 @@ def _paired_loop(
         (wa, wb, ua, ub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
          b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
             w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k_lo, k_hi,
-            stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH,
+            stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN, GATED,
+            HAS_ZP, PREFETCH, TMA,
         )  # fmt: skip
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         if PREFETCH:
@@ -184,14 +220,15 @@ def _paired_loop(
             (wa, wb, ua, ub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
              b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
                 w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0 + BLOCK_K,
-                k_hi, stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP,
-                PREFETCH,
+                k_hi, stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K,
+                EVEN, GATED, HAS_ZP, PREFETCH, TMA,
             )  # fmt: skip
         else:
             (cwa, cwb, cua, cub, cs, csu, cz, czu, c0, c1, c2, c3, c4, c5, c6, c7,
              d0, d1, d2, d3, d4, d5, d6, d7) = _pair_loads(
                 w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi,
-                stride_wn, stride_sn, GROUP, BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH,
+                stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN,
+                GATED, HAS_ZP, PREFETCH, TMA,
             )  # fmt: skip
         pw, inv = _pair_scale(c0, c1, c2, c3, c4, c5, c6, c7,
                               d0, d1, d2, d3, d4, d5, d6, d7)  # fmt: skip
@@ -222,6 +259,7 @@ def _moe_gemv_pairs_kernel(
     ids_ptr,
     topk_weights_ptr,
     bias_ptr,
+    w_desc,
     # sizes
     N,
     K,
@@ -253,6 +291,7 @@ def _moe_gemv_pairs_kernel(
     ASM: tl.constexpr,
     PDL_WAIT: tl.constexpr,
     PDL_NEXT: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
@@ -261,6 +300,10 @@ def _moe_gemv_pairs_kernel(
     chain sums 16 products in float16 (below ``2 * 15 * 16`` in size): about 4e-4
     relative error against float32 math on the same values (3e-4 with one word a
     chain).
+
+    ``TMA`` (``GemvTiles.tma``): the weight words come by bulk tensor copies through
+    ``w_desc`` (``_tma_words``), which Triton pipelines through shared memory
+    ``LOOP_STAGES`` deep; without it ``w_desc`` is unused (None).
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
@@ -271,10 +314,12 @@ def _moe_gemv_pairs_kernel(
         p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
         stride_we, stride_se, A_DIV, BLOCK_N,
     )  # fmt: skip
+    row_tma = e * (stride_we // stride_wn) + tl.program_id(1) * BLOCK_N
     acc, acc_up = _paired_loop(
         w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],
         (offs_n + N).to(tl.int64)[:, None], n_mask, k_lo, k_hi, stride_wn, stride_sn,
-        GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN, PREFETCH, LOOP_STAGES, ASM,
+        w_desc, row_tma, row_tma + N, GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN,
+        PREFETCH, LOOP_STAGES, ASM, TMA,
     )  # fmt: skip
     _gemv_store(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr, bias_ptr,

@@ -88,6 +88,62 @@ def _capability(device: torch.device) -> int:
     return int(torch.cuda.get_device_capability(device)[0])
 
 
+def tma_target(a: torch.Tensor) -> bool:
+    """Whether kernels on ``a``'s device may read by tensor descriptors (TMA).
+
+    CUDA devices of compute capability 9.0 or newer, and the CPU interpreter (which
+    emulates them; there it tests the indexing). Not Intel's Triton: unvalidated.
+    """
+    if is_interpreting():
+        return True
+    return pdl_target(a)
+
+
+def _tma_half(group: int, tiles: GemvTiles) -> int:
+    """Words per half of the paired kernel's chunks (``HALF`` of ``_pair_loads``)."""
+    bw = tiles.block_k // 8
+    return bw // 2 if tiles.block_k <= group else group // 16
+
+
+def tma_fit(b: ExpertMatrix, tiles: GemvTiles) -> bool:
+    """Whether the paired GEMV can read ``b``'s words by TMA with ``tiles``.
+
+    Needs ``int4_words_fit``, contiguous words, and the descriptor of
+    ``_words_descriptor``: halves of 16 bytes or more (``GROUP >= 64`` where a step
+    spans groups), rows of whole chunks and of 16-byte multiples, a 16-byte aligned
+    base, and boxes of powers of two, at most 256 per dimension.
+    """
+    if not int4_words_fit(b) or b.group_size < 16:
+        return False
+    words = b.data.view(torch.int32)
+    e, rows, kw = (int(n) for n in words.shape)
+    half = _tma_half(b.group_size, tiles)
+    box = (tiles.block_n, tiles.block_k // (16 * half), half)
+    return (
+        words.is_contiguous()
+        and all(n > 0 and n & (n - 1) == 0 for n in box)  # powers of two
+        and half % 4 == 0
+        and kw % (2 * half) == 0
+        and kw % 4 == 0
+        and words.data_ptr() % 16 == 0
+        and tiles.block_n <= 256
+        and half <= 256
+        and tiles.block_k // (16 * half) <= 256
+        and e * rows < 2**31
+    )
+
+
+def _words_descriptor(words: torch.Tensor, group: int, tiles: GemvTiles) -> object:
+    """``_tma_words``' descriptor: ``words`` as ``[E * R, K / (16 HALF), 2, HALF]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    half = _tma_half(group, tiles)
+    e, rows, kw = (int(n) for n in words.shape)
+    view = words.view(e * rows, kw // (2 * half), 2, half)
+    block = [tiles.block_n, tiles.block_k // (16 * half), 1, half]
+    return TensorDescriptor.from_tensor(view, block)
+
+
 def _pdl_launch(*, on: bool) -> dict[str, bool]:
     """Launch options of a dependent kernel: ``launch_pdl`` only where it is on.
 
@@ -303,18 +359,24 @@ def launch_gemv(
         from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
         from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
-        paired = tiles.paired and b.group_size >= 16  # two words a group
-        kernel = _moe_gemv_pairs_kernel if paired else _moe_gemv_words_kernel
         words = b.data.view(torch.int32)
         pdl = tiles.pdl and pdl_target(a_MK)
-        kernel[grid](
-            a_MK, words, b.scale, zero, out, *common,
-            words.stride(0), words.stride(1), b.scale.stride(0), b.scale.stride(1),
-            *out_strides, EVEN=k % tiles.block_k == 0, PREFETCH=tiles.prefetch,
-            LOOP_STAGES=tiles.loop_stages, ASM=_ptx_target(a_MK),
-            PDL_WAIT=pdl and not gated, PDL_NEXT=pdl, **meta,
-            **_pdl_launch(on=pdl and not gated),
+        launch = {
+            "EVEN": k % tiles.block_k == 0, "PREFETCH": tiles.prefetch,
+            "LOOP_STAGES": tiles.loop_stages, "ASM": _ptx_target(a_MK),
+            "PDL_WAIT": pdl and not gated, "PDL_NEXT": pdl,
+        } | meta | _pdl_launch(on=pdl and not gated)  # fmt: skip
+        head = (a_MK, words, b.scale, zero, out, *common[:3])
+        tail = (
+            *common[3:], words.stride(0), words.stride(1), b.scale.stride(0),
+            b.scale.stride(1), *out_strides,
         )  # fmt: skip
+        if not (tiles.paired and b.group_size >= 16):  # paired: two words a group
+            _moe_gemv_words_kernel[grid](*head, *tail, **launch)
+            return
+        tma = tiles.tma and tma_target(a_MK) and tma_fit(b, tiles)
+        desc = _words_descriptor(words, b.group_size, tiles) if tma else None
+        _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel
 
