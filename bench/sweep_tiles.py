@@ -4,9 +4,10 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``7``: the
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``8``: the
 second sweep's, the one-word table's, the paired kernel's, two-warp paired tiles, the
-paired table's with programmatic dependent launch, or TMA reads);
+paired table's with programmatic dependent launch, TMA reads, or TMA tiles per
+matrix);
 at prefill the in-register GEMM, the dequant path and ``torch._grouped_mm`` on bf16
 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
@@ -131,9 +132,36 @@ WORD_GEMV_TMA = [
     (16, 512, 1, None, False, 3, True, True, True), (4, 512, 1, None, False, 4, True, True, True),
     (8, 256, 1, None, False, 4, True, True, True), (8, 512, 1, None, True, None, True, True),
 ]  # fmt: skip
-"""``SWEEP_WORDS=7``: the paired table's two tiles (with programmatic dependent launch)
-against TMA reads (a ninth entry: ``GemvTiles.tma``, pipelined ``loop_stages`` deep),
-then the first again (run-to-run noise)."""
+"""``SWEEP_WORDS=7``: the paired table's two tiles of before TMA (with programmatic
+dependent launch) against TMA reads (a ninth entry: ``GemvTiles.tma``, pipelined
+``loop_stages`` deep), then the first again (run-to-run noise). Logs:
+``sweeps/sweep_words_tma_h200.log`` (32-byte boxes, a copy per half group; commit
+1b69aee) and ``sweeps/sweep_words_tma2d_h200.log`` (whole-row boxes, as now)."""
+_A = GemvTiles(
+    block_n=8, block_k=512, num_warps=1, words=True, paired=True, pdl=True,
+    prefetch=True,
+)  # fmt: skip
+_B = attrs.evolve(_A, block_n=16, prefetch=False)
+_T8 = attrs.evolve(_A, prefetch=False, loop_stages=3, tma=True)
+_T16 = attrs.evolve(_T8, block_n=16)
+WORD_GEMV_PER_MATRIX = {
+    "A (table few)": _A,
+    "B (table many)": _B,
+    "T8": _T8,
+    "T16": _T16,
+    "w13 T8, w2 A": attrs.evolve(_T8, w2_tiles=_A),
+    "w13 A, w2 T8": attrs.evolve(_A, w2_tiles=_T8),
+    "w13 T16, w2 T8": attrs.evolve(_T16, w2_tiles=_T8),
+    "w13 T8, w2 T16": attrs.evolve(_T8, w2_tiles=_T16),
+    "T16 st2": attrs.evolve(_T16, loop_stages=2),
+    "w13 T8 st2, w2 A": attrs.evolve(_T8, loop_stages=2, w2_tiles=_A),
+    "T8 w2 split 4": attrs.evolve(_T8, w2_split=4),
+    "A again": _A,
+}
+"""``SWEEP_WORDS=8``: the tiles of before TMA, TMA tiles (8 or 16 x 512, 3 stages) and
+mixtures (``GemvTiles.w2_tiles``: the w2 GEMV's own tiles), then the first again
+(``sweeps/sweep_words_tma_mix_h200.log``; "w13 T8, w2 T16" became ``GEMV_PAIRED``)."""
+
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -174,6 +202,10 @@ def variants(
             "2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE, "4": WORD_GEMV_PAIRED,
             "5": WORD_GEMV_PAIRED_NEXT, "6": WORD_GEMV_PDL, "7": WORD_GEMV_TMA,
         }.get(os.environ.get("SWEEP_WORDS", ""), WORD_GEMV)  # fmt: skip
+        if os.environ.get("SWEEP_WORDS") == "8":
+            word_set = []
+            for name, gt in WORD_GEMV_PER_MATRIX.items():
+                out_w[f"words {name}"] = {"gemv_tiles": gt, "path": "gemv"}
         for i, (bn, bk, w, split, pre, stages, *more) in enumerate(word_set):
             pdl = len(more) > 1 and bool(more[1])
             tma = len(more) > 2 and bool(more[2])

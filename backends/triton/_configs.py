@@ -85,9 +85,13 @@ class GemvTiles:
             start early and wait (``griddepcontrol.wait``) before reading what the
             kernel before them wrote; their launch latency hides behind its tail.
         tma: the paired kernel reads its weight words by bulk tensor copies (TMA, a
-            tensor descriptor), which Triton pipelines through shared memory
-            ``loop_stages`` deep (sm_90 and newer, and the CPU interpreter; words in
-            the layout ``tma_fit`` asks for). Else, and elsewhere, plain loads.
+            tensor descriptor of the words as ``[E * rows, K / 8]``, a step's
+            ``[block_n, block_k / 8]`` words a copy), which Triton pipelines through
+            shared memory ``loop_stages`` deep; on sm_90 and newer and in the CPU
+            interpreter (``tma_target``), for weights ``tma_fit`` accepts. Elsewhere
+            the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
+        w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
+            ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
     """
 
     block_n: int
@@ -102,6 +106,7 @@ class GemvTiles:
     paired: bool = False
     pdl: bool = False
     tma: bool = False
+    w2_tiles: "GemvTiles | None" = None
 
 
 @attrs.frozen(kw_only=True)
@@ -136,34 +141,43 @@ GEMV_FEW: Final = GemvTiles(block_n=16, block_k=512)
 (``int4_words_fit``: K or the group not a multiple of 8); there ``use_gemv`` allows at
 most ``GEMV_FEW_PAIRS`` pairs. Before the half2 word GEMV this also served <= 8 pairs
 of small experts (M = 1: 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, H200)."""
-GEMV_PAIRED: Final = GemvTiles(
-    block_n=16, block_k=512, num_warps=1, words=True, paired=True, pdl=True
-)
+GEMV_PAIRED_FEW: Final = GemvTiles(
+    block_n=8, block_k=512, num_warps=1, words=True, paired=True, prefetch=True,
+    pdl=True,
+)  # fmt: skip
 """Decode GEMV on int32 words, two words of a group per float16 chain
-(``_kernels_gemv_pairs.py``), wherever the weights are whole aligned words; past
-``GEMV_FEW_PAIRS`` pairs (``GEMV_PAIRED_FEW`` up to there). H200, graph replay of the
-whole layer, ms (bench/sweeps/sweep_words_paired_h200.log, the one-word kernel's
-8 x 512 of the previous table in brackets): Mixtral M = 4 0.269 (0.301); Qwen3-30B-A3B
-M = 4 0.050 (0.049), M = 16 0.127 (0.146; the GEMM 0.147); Qwen3-235B M = 4 0.124
-(0.138), M = 16 0.417 (0.483; the GEMM 0.502); DeepSeek-V3 M = 4 0.257 (0.301, 0.294
-with prefetch), M = 16 0.913 (1.071). 8 x 512 paired was within 1-5% of it there;
-16 x 256, 8 x 1024 and prefetch were slower (to 1.5x). A persistent grid (8-24
-programs per multiprocessor looping over tiles; ``sweep_words_persistent_h200.log``,
-the tree of a6a820a) was slower in 11 of 12 model and token cells, and so was a
-streamed one, each program walking several row tiles with loads one step ahead across
-them (``sweep_words_stream_h200.log``, commit e733cbb), in every cell but a tie.
-Programmatic dependent launch (``pdl``; ``sweep_words_pdl_h200.log``, same run, ms,
-without in brackets): Qwen3-30B-A3B M = 4 0.048 (0.050), M = 16 0.126 (0.127);
-Qwen3-235B M = 4 0.123 (0.124); DeepSeek-V3 M = 4 0.255 (0.257-0.258); never slower."""
-GEMV_PAIRED_FEW: Final = attrs.evolve(GEMV_PAIRED, block_n=8, prefetch=True)
-"""``GEMV_PAIRED`` for <= ``GEMV_FEW_PAIRS`` pairs (one token, or Mixtral's four): 8
-rows, each step's words, scales and inputs loaded one step ahead. Same sweeps, ms:
-Mixtral M = 1 0.085-0.086 (16 x 512 0.089, the previous table 0.095), M = 4 0.273
-(0.269); Qwen3-30B-A3B M = 1 0.022 (0.025, 0.023); Qwen3-235B M = 1 0.049 (0.049,
-0.048); DeepSeek-V3 M = 1 0.084 (0.082, 0.088). With ``pdl``
-(``sweep_words_pdl_h200.log``, without in brackets): Qwen3-30B-A3B M = 1 0.0199
-(0.0216-0.0220), Qwen3-235B 0.0471 (0.0484-0.0489), DeepSeek-V3 0.0822
-(0.0837-0.0842), Mixtral 0.0842 (0.0849-0.0858)."""
+(``_kernels_gemv_pairs.py``), 8 rows, each step's words, scales and inputs loaded one
+step ahead, with programmatic dependent launch: for grids that do not fill the GPU
+(``pick_gemv_tiles``; of the measured shapes only Qwen3-30B-A3B at M = 1, 768 w13
+programs). H200, graph replay of the whole layer, ms
+(``bench/sweeps/sweep_words_tma_mix_h200.log``): Qwen3-30B-A3B M = 1 0.0200-0.0202
+against 0.0210 for the TMA tiles with this w2, 0.0248 for ``GEMV_PAIRED``. Earlier
+sweeps: ``sweep_words_paired_h200.log`` (paired against one word a chain; 16 x 256,
+8 x 1024 slower), ``sweep_words_pdl_h200.log`` (``pdl``: 0.0199 against
+0.0216-0.0220). A persistent grid (``sweep_words_persistent_h200.log``, the tree of
+a6a820a) and a streamed one (``sweep_words_stream_h200.log``, commit e733cbb) were
+slower in every cell but a tie or two."""
+GEMV_PAIRED: Final = GemvTiles(
+    block_n=8, block_k=512, num_warps=1, words=True, paired=True, pdl=True, tma=True,
+    loop_stages=3, w2_tiles=attrs.evolve(GEMV_PAIRED_FEW, block_n=16, prefetch=False,
+    tma=True, loop_stages=3),
+)  # fmt: skip
+"""The paired decode GEMV reading its weight words by TMA (``GemvTiles.tma``: one
+``[rows, 512 / 8]`` bulk copy per matrix and step, Triton-pipelined 3 stages deep
+through shared memory, so the gated w13 step holds 96 registers instead of 255 with
+loads in registers one step ahead): w13 8 x 512, w2 16 x 512 (``w2_tiles``), both with
+programmatic dependent launch; wherever the grid fills the GPU (``pick_gemv_tiles``).
+H200, graph replay of the whole layer, ms (``bench/sweeps/sweep_words_tma_mix_h200.log``;
+the previous table, ``GEMV_PAIRED_FEW`` up to 8 pairs and 16 x 512 without TMA past
+them, in brackets): Mixtral M = 1 0.0843 (0.0833), M = 4 0.247 (0.272); Qwen3-30B-A3B
+M = 4 0.0457 (0.0480), M = 16 0.117 (0.126); Qwen3-235B M = 1 0.0428 (0.0472), M = 4
+0.109 (0.123), M = 16 0.360 (0.416); DeepSeek-V3 M = 1 0.0731 (0.0822), M = 4 0.224
+(0.255), M = 16 0.795 (0.910). 8 rows on both was within 5% of it (1-4% faster at
+Mixtral M = 4 and Qwen3-235B M = 1), 16 rows on both up to 10% slower, and TMA on one
+matrix only kept a third to a half of the gain. Boxes of 32-byte rows (a 4-D
+view giving each half of a group in its own copy; commit 1b69aee,
+``sweep_words_tma_h200.log``) were 1.04-1.28x slower than the table. Where TMA does not
+apply (``tma_fit``, ``tma_target``) the same tiles run plain, unpipelined loads."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's

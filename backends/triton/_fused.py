@@ -107,11 +107,12 @@ def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
     """GEMV tiles: ``GEMV_16BIT``, or for int4 int32 words or bytes.
 
     int4: where w13 reads as whole aligned words (``int4_words_fit``) the paired word
-    GEMV, ``GEMV_PAIRED_FEW`` up to ``GEMV_FEW_PAIRS`` pairs and ``GEMV_PAIRED`` past
-    them; else the byte kernel's ``GEMV_FEW`` (``use_gemv`` then allows <=
-    ``GEMV_FEW_PAIRS`` pairs). Groups of one word (``G = 8``) run those tiles on the
-    one-word kernel, and a w2 that is not whole words runs the byte kernel with them
-    (``launch_gemv``).
+    GEMV: ``GEMV_PAIRED`` (TMA reads) where its w13 grid fills the GPU (at least
+    ``GEMV_PROGRAMS_PER_SM`` programs per multiprocessor), else ``GEMV_PAIRED_FEW``
+    (loads one step ahead, which start sooner in short grids); else the byte kernel's
+    ``GEMV_FEW`` (``use_gemv`` then allows <= ``GEMV_FEW_PAIRS`` pairs). Groups of one
+    word (``G = 8``) run those tiles on the one-word kernel, and a w2 that is not whole
+    words runs the byte kernel with them (``launch_gemv``).
     """
     if is_interpreting():
         return configs.GEMV_INTERPRETER
@@ -119,7 +120,9 @@ def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
         return configs.GEMV_16BIT
     if not int4_words_fit(w13):
         return configs.GEMV_FEW
-    if num_pairs <= configs.GEMV_FEW_PAIRS:
+    rows = int(w13.data.shape[1]) // 2
+    programs = num_pairs * -(-rows // configs.GEMV_PAIRED.block_n)
+    if programs < configs.GEMV_PROGRAMS_PER_SM * configs.NUM_SMS_H200:
         return configs.GEMV_PAIRED_FEW
     return configs.GEMV_PAIRED
 
@@ -142,19 +145,20 @@ def _gemv_moe(
         x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
         tiles=chosen,
     )  # fmt: skip
+    tiles2 = chosen.w2_tiles or chosen
     split = chosen.w2_split
     if split is None:
-        programs = num_pairs * -(-d // chosen.block_n)
-        split = configs.gemv_split_for(programs, f, chosen.block_k)
+        programs = num_pairs * -(-d // tiles2.block_n)
+        split = configs.gemv_split_for(programs, f, tiles2.block_k)
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
     launch_gemv(
         inter_NF, w2, part_SND, n=d, routing=routing, config=config, gated=False,
-        tiles=chosen, split=split,
+        tiles=tiles2, split=split,
     )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
     return reduce_topk(
-        part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=chosen.pdl
+        part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=tiles2.pdl
     )
 
 

@@ -99,49 +99,52 @@ def tma_target(a: torch.Tensor) -> bool:
     return pdl_target(a)
 
 
-def _tma_half(group: int, tiles: GemvTiles) -> int:
-    """Words per half of the paired kernel's chunks (``HALF`` of ``_pair_loads``)."""
-    bw = tiles.block_k // 8
-    return bw // 2 if tiles.block_k <= group else group // 16
-
-
 def tma_fit(b: ExpertMatrix, tiles: GemvTiles) -> bool:
     """Whether the paired GEMV can read ``b``'s words by TMA with ``tiles``.
 
-    Needs ``int4_words_fit``, contiguous words, and the descriptor of
-    ``_words_descriptor``: halves of 16 bytes or more (``GROUP >= 64`` where a step
-    spans groups), rows of whole chunks and of 16-byte multiples, a 16-byte aligned
-    base, and boxes of powers of two, at most 256 per dimension.
+    Needs ``int4_words_fit`` with groups of two words or more (the paired kernel),
+    steps within one group or over whole power-of-two groups (a step's tile splits
+    into the groups' halves in registers), contiguous words, and
+    ``_words_descriptor``'s descriptor: rows of 16-byte
+    multiples (``K % 32 == 0``), a 16-byte aligned base, and a box of powers of two,
+    at most 256 per dimension (``block_n`` rows, ``block_k / 8`` words).
     """
     if not int4_words_fit(b) or b.group_size < 16:
         return False
     words = b.data.view(torch.int32)
     e, rows, kw = (int(n) for n in words.shape)
-    half = _tma_half(b.group_size, tiles)
-    box = (tiles.block_n, tiles.block_k // (16 * half), half)
+    box = (tiles.block_n, tiles.block_k // 8)
+    group = b.group_size
     return (
         words.is_contiguous()
-        and all(n > 0 and n & (n - 1) == 0 for n in box)  # powers of two
-        and half % 4 == 0
-        and kw % (2 * half) == 0
+        and (tiles.block_k <= group or group & (group - 1) == 0)  # whole halves
         and kw % 4 == 0
         and words.data_ptr() % 16 == 0
-        and tiles.block_n <= 256
-        and half <= 256
-        and tiles.block_k // (16 * half) <= 256
+        and all(0 < n <= 256 and n & (n - 1) == 0 for n in box)
         and e * rows < 2**31
     )
 
 
-def _words_descriptor(words: torch.Tensor, group: int, tiles: GemvTiles) -> object:
-    """``_tma_words``' descriptor: ``words`` as ``[E * R, K / (16 HALF), 2, HALF]``."""
+def _words_descriptor(words: torch.Tensor, tiles: GemvTiles) -> object:
+    """``_tma_words``' descriptor: ``words`` as ``[E * R, K / 8]``.
+
+    Blocks of ``[block_n, block_k / 8]`` words.
+    """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    half = _tma_half(group, tiles)
     e, rows, kw = (int(n) for n in words.shape)
-    view = words.view(e * rows, kw // (2 * half), 2, half)
-    block = [tiles.block_n, tiles.block_k // (16 * half), 1, half]
-    return TensorDescriptor.from_tensor(view, block)
+    view = words.view(e * rows, kw)
+    return TensorDescriptor.from_tensor(view, [tiles.block_n, tiles.block_k // 8])
+
+
+def gemv_loop_stages(tiles: GemvTiles, *, tma: bool) -> int | None:
+    """The K loop's ``num_stages``: ``tiles.loop_stages``, but None (unpipelined).
+
+    That is for TMA tiles that fall back to plain loads (``tma`` False): their depth
+    is TMA's, and Triton's pipelining of plain loads measured slower
+    (bench/TUNING.md).
+    """
+    return None if tiles.tma and not tma else tiles.loop_stages
 
 
 def _pdl_launch(*, on: bool) -> dict[str, bool]:
@@ -361,9 +364,11 @@ def launch_gemv(
 
         words = b.data.view(torch.int32)
         pdl = tiles.pdl and pdl_target(a_MK)
+        paired = tiles.paired and b.group_size >= 16  # two words a group
+        tma = paired and tiles.tma and tma_target(a_MK) and tma_fit(b, tiles)
         launch = {
             "EVEN": k % tiles.block_k == 0, "PREFETCH": tiles.prefetch,
-            "LOOP_STAGES": tiles.loop_stages, "ASM": _ptx_target(a_MK),
+            "LOOP_STAGES": gemv_loop_stages(tiles, tma=tma), "ASM": _ptx_target(a_MK),
             "PDL_WAIT": pdl and not gated, "PDL_NEXT": pdl,
         } | meta | _pdl_launch(on=pdl and not gated)  # fmt: skip
         head = (a_MK, words, b.scale, zero, out, *common[:3])
@@ -371,11 +376,10 @@ def launch_gemv(
             *common[3:], words.stride(0), words.stride(1), b.scale.stride(0),
             b.scale.stride(1), *out_strides,
         )  # fmt: skip
-        if not (tiles.paired and b.group_size >= 16):  # paired: two words a group
+        if not paired:
             _moe_gemv_words_kernel[grid](*head, *tail, **launch)
             return
-        tma = tiles.tma and tma_target(a_MK) and tma_fit(b, tiles)
-        desc = _words_descriptor(words, b.group_size, tiles) if tma else None
+        desc = _words_descriptor(words, tiles) if tma else None
         _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel

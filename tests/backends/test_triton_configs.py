@@ -20,9 +20,11 @@ from backends.triton._configs import (
 from backends.triton._fused import use_dequant, use_gemv
 from backends.triton._launch import (
     ExpertMatrix,
+    gemv_loop_stages,
     int4_words_fit,
     permute_k,
     permuted_width,
+    tma_fit,
 )
 
 
@@ -123,6 +125,52 @@ def test_int4_words_fit_needs_whole_aligned_words() -> None:
     assert not int4_words_fit(ExpertMatrix(data=torch.zeros(2, 4, 64)))  # 16-bit
 
 
+def _words(k: int, group: int, *, rows: int = 16) -> ExpertMatrix:
+    """int4 weights of 2 experts, ``rows`` rows of ``k`` codes (``k / 2`` bytes)."""
+    return ExpertMatrix(
+        data=torch.zeros(2, rows, k // 2, dtype=torch.uint8),
+        scale=torch.ones(2, rows, max(1, k // group)),
+        group_size=group,
+    )
+
+
+def test_tma_fit_needs_a_descriptor_the_hardware_takes() -> None:
+    """The paired GEMV reads by TMA only with contiguous 16-byte rows, a 16-byte
+    aligned base, power-of-two boxes of <= 256 per dimension, and steps that cover
+    whole groups (or lie in one)."""
+    tma = GemvTiles(block_n=8, block_k=512, words=True, paired=True, tma=True)
+    assert tma_fit(_words(4096, 128), tma)
+    assert tma_fit(_words(96, 32), attrs.evolve(tma, block_k=64))  # K tail: zeros
+    assert tma_fit(_words(1536, 1536), tma)  # per-row group: steps inside it
+    assert not tma_fit(_words(4104, 8), tma)  # groups of one word: not paired
+    assert not tma_fit(_words(4120, 4120), tma)  # 515-word rows: not 16-byte multiples
+    assert not tma_fit(_words(960, 96), tma)  # 512-code steps over 96-code groups
+    assert not tma_fit(_words(4096, 128), attrs.evolve(tma, block_n=12))
+    assert not tma_fit(_words(4096, 128), attrs.evolve(tma, block_k=4096))  # 512 words
+    strided = _words(8192, 128)
+    half = ExpertMatrix(
+        data=strided.data[:, :, :2048], scale=strided.scale, group_size=128
+    )
+    assert int4_words_fit(half)
+    assert not tma_fit(half, tma)  # rows 4096 bytes apart, 2048 read: not contiguous
+    shifted = ExpertMatrix(
+        data=torch.zeros(2 * 16 * 2048 + 4, dtype=torch.uint8)[4:].view(2, 16, 2048),
+        scale=torch.ones(2, 16, 32),
+        group_size=128,
+    )
+    assert int4_words_fit(shifted)
+    assert not tma_fit(shifted, tma)  # base 4 bytes off a 16-byte boundary
+
+
+def test_gemv_loop_stages_drop_the_pipeline_of_a_tma_fallback() -> None:
+    tma = GemvTiles(block_n=8, block_k=512, words=True, paired=True, tma=True)
+    staged = attrs.evolve(tma, loop_stages=3)
+    assert gemv_loop_stages(staged, tma=True) == 3
+    assert gemv_loop_stages(staged, tma=False) is None  # plain loads, unpipelined
+    plain = attrs.evolve(staged, tma=False)
+    assert gemv_loop_stages(plain, tma=False) == 3  # asked for without TMA: kept
+
+
 def test_gemv_w2_split_rule() -> None:
     """Split K only while programs are few, and keep >= 2 steps per split."""
     target = configs.GEMV_PROGRAMS_PER_SM * configs.NUM_SMS_H200
@@ -182,9 +230,10 @@ def test_gemv_is_the_decode_rule() -> None:
 
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Paired int32 words wherever w13 is whole aligned words (8 rows loading one step
-    ahead up to GEMV_FEW_PAIRS pairs, 16 rows past them, both with programmatic
-    dependent launch), else bytes; 16-bit weights their own."""
+    """Paired int32 words wherever w13 is whole aligned words: TMA reads (w13 8 rows,
+    w2 16) where the w13 grid has >= 8 programs per multiprocessor, else 8 rows
+    loading one step ahead, both with programmatic dependent launch; else bytes;
+    16-bit weights their own."""
     monkeypatch.setattr(fused, "is_interpreting", lambda: False)
 
     def w13(d: int, f: int) -> ExpertMatrix:  # shape only: (E, 2F, D/2) on "meta"
@@ -193,14 +242,24 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
         )
 
     few, many = configs.GEMV_PAIRED_FEW, configs.GEMV_PAIRED
-    last_few = configs.GEMV_FEW_PAIRS
-    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is few  # Mixtral M = 1
-    assert fused.pick_gemv_tiles(last_few, w13(4096, 14336)) is few  # Mixtral M = 4
-    assert fused.pick_gemv_tiles(last_few + 1, w13(7168, 2048)) is many
+    assert fused.pick_gemv_tiles(8, w13(2048, 768)) is few  # Qwen3-30B M = 1: 768
+    assert fused.pick_gemv_tiles(2, w13(4096, 14336)) is many  # Mixtral M = 1: 3584
+    assert fused.pick_gemv_tiles(8, w13(4096, 1536)) is many  # Qwen3-235B M = 1: 1536
+    assert fused.pick_gemv_tiles(11, w13(2048, 768)) is many  # 1056 = 8 per SM
+    assert fused.pick_gemv_tiles(10, w13(2048, 768)) is few  # 960
     assert fused.pick_gemv_tiles(1, w13(100, 64)) is configs.GEMV_FEW  # K = 100: bytes
-    assert (few.block_n, few.prefetch) == (8, True)
-    assert (many.block_n, many.prefetch) == (16, False)
-    assert attrs.evolve(few, block_n=16, prefetch=False) == many  # else the same tile
+    assert (few.block_n, few.prefetch, few.tma) == (8, True, False)
+    assert (many.block_n, many.prefetch, many.tma, many.loop_stages) == (
+        8,
+        False,
+        True,
+        3,
+    )
+    assert many.w2_tiles is not None
+    assert many.w2_tiles == attrs.evolve(many, block_n=16, w2_tiles=None)  # w2 16 rows
+    assert attrs.evolve(few, prefetch=False, tma=True, loop_stages=3) == attrs.evolve(
+        many, w2_tiles=None
+    )  # else the same tile
     assert many.words
     assert many.paired
     assert many.pdl  # programmatic dependent launch where the GPU has it

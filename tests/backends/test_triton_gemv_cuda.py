@@ -37,10 +37,13 @@ KERNELS = {
         prefetch=True,
         pdl=True,
     ),
+    "bulk": configs.GEMV_PAIRED,
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
-at the tile of the table before the paired one; paired: ``GEMV_PAIRED``; pdl:
-``GEMV_PAIRED_FEW`` with programmatic dependent launch)."""
+at the tile of the table before the paired one; paired: ``GEMV_PAIRED`` before TMA
+reads; pdl: ``GEMV_PAIRED_FEW``, with programmatic dependent launch; bulk:
+``GEMV_PAIRED``, TMA (bulk tensor copy) reads, w2 on its own tiles). The keys are
+``-k`` selectors of bench/gpu_session.sh's jobs."""
 
 
 def _check(
@@ -195,7 +198,7 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
 )
-@pytest.mark.parametrize("kernel", ["words", "paired"])
+@pytest.mark.parametrize("kernel", ["words", "paired", "bulk"])
 def test_word_gemv_inputs_of_any_magnitude(
     shape: str, scheme: Int4Scheme, kernel: str
 ) -> None:
@@ -336,5 +339,60 @@ def test_pdl_matches_serial_launches(size: tuple[int, int, int, int, int]) -> No
         routing.topk_weights.copy_(fresh.topk_weights)
         expected = forward(serial)
         assert torch.equal(forward(KERNELS["pdl"]), expected)
+        graph.replay()
+        assert torch.equal(replayed, expected)
+
+
+def _without_tma(tiles: GemvTiles) -> GemvTiles:
+    w2 = tiles.w2_tiles
+    return attrs.evolve(
+        tiles, tma=False, loop_stages=None,
+        w2_tiles=None if w2 is None else _without_tma(w2),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(8, 2, 4096, 14336, 1), (128, 8, 2048, 768, 1), (64, 4, 1152, 768, 3)],
+    ids=["mixtral-w2-split", "qwen3-30b-w2-k-tail", "w13-k-tail"],
+)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
+def test_bulk_copy_reads_equal_plain_loads(
+    size: tuple[int, int, int, int, int], scheme: Int4Scheme
+) -> None:
+    """``GEMV_PAIRED`` reads its words by TMA, pipelined through shared memory: its
+    eager and graph-replayed outputs must equal, bit for bit, those of the same tiles
+    with plain loads (the same words meet the same inputs), over fresh inputs; with a
+    K split (Mixtral's w2), K tails (a last box past K reads zeros) and an expert
+    held elsewhere."""
+    e, k, d, f, t = size
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    weights = int4_weights(
+        config, scheme, torch.bfloat16, torch.Generator().manual_seed(8)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
+    routing = gpu_routing(config, t)
+    plain = _without_tma(KERNELS["bulk"])
+
+    def forward(tiles: GemvTiles) -> torch.Tensor:
+        return fused_moe(
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+            gemv_tiles=tiles,
+        )  # fmt: skip
+
+    forward(KERNELS["bulk"])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = forward(KERNELS["bulk"])
+    for i in range(5):
+        hidden_TD.copy_(torch.randn_like(hidden_TD))
+        fresh = gpu_routing(config, t)
+        routing.topk_ids.copy_(fresh.topk_ids)
+        if i == 0:
+            routing.topk_ids[0, 0] = -1  # an expert held elsewhere
+        routing.topk_weights.copy_(fresh.topk_weights)
+        expected = forward(plain)
+        assert torch.equal(forward(KERNELS["bulk"]), expected)
         graph.replay()
         assert torch.equal(replayed, expected)

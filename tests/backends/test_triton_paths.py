@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import backends.triton._configs as configs
+import backends.triton._launch as launch
 from backends.triton import (
     EmulationMemoryWarning,
     TritonEmulationBackend,
@@ -90,6 +91,20 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         ),
         GemvTiles(block_n=16, block_k=32, words=True, paired=True, loop_stages=2),
         GemvTiles(block_n=16, block_k=64, words=True, paired=True, pdl=True),
+        GemvTiles(
+            block_n=16, block_k=64, words=True, paired=True, tma=True, loop_stages=2
+        ),
+        GemvTiles(
+            block_n=16, block_k=32, words=True, paired=True, tma=True, w2_split=3
+        ),
+        GemvTiles(
+            block_n=16,
+            block_k=64,
+            words=True,
+            paired=True,
+            tma=True,
+            w2_tiles=GemvTiles(block_n=32, block_k=32, words=True, paired=True),
+        ),
     ],
     ids=[
         "prefetch",
@@ -107,6 +122,9 @@ def test_gemv_decode_path_matches_oracle_and_gemm(
         "paired-prefetch-split-3",
         "paired-loop-stages-2",
         "paired-pdl-ignored-off-sm90",  # plain launches where the GPU lacks PDL
+        "paired-tma-k-tail",  # D = 96 in 64-column boxes: the tail box reads zeros
+        "paired-tma-split-3",
+        "paired-tma-w2-own-tiles",
     ],
 )
 @pytest.mark.parametrize("case", [GEMV_CASES[0], GEMV_CASES[1]], ids=["sym", "asym"])
@@ -137,6 +155,33 @@ def test_word_gemv_scales_inputs_of_any_magnitude(
         weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles
     )
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("case", GEMV_CASES[:4], ids=lambda c: c[0].name)
+def test_tma_reads_equal_plain_loads(
+    case: PathCase, generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paired GEMV's TMA reads (``GemvTiles.tma``; the interpreter emulates the
+    descriptor) give the plain loads' output bit for bit: the same words meet the
+    same inputs, whatever the groups (g32 over 64-column steps, the whole row), the
+    zero points and the K tail. Both w13 and w2 go through a descriptor."""
+    built: list[tuple[int, ...]] = []
+    real = launch._words_descriptor
+
+    def spy(words: torch.Tensor, tiles: GemvTiles) -> object:
+        built.append(tuple(words.shape))
+        return real(words, tiles)
+
+    monkeypatch.setattr(launch, "_words_descriptor", spy)
+    plain = GemvTiles(block_n=16, block_k=64, words=True, paired=True, w2_split=2)
+    tma = attrs.evolve(plain, tma=True, loop_stages=2)
+    generator.manual_seed(7)
+    out_plain, *_ = run_path("gemv", case, 3, generator, gemv_tiles=plain)
+    assert built == []
+    generator.manual_seed(7)
+    out_tma, *_ = run_path("gemv", case, 3, generator, gemv_tiles=tma)
+    assert built == [(E, 2 * F, D // 8), (E, D, F // 8)]
+    assert torch.equal(out_tma, out_plain)
 
 
 def test_paired_gemv_with_groups_of_an_odd_word_count(
