@@ -136,7 +136,7 @@ WORD_GEMV_TMA = [
 dependent launch) against TMA reads (a ninth entry: ``GemvTiles.tma``, pipelined
 ``loop_stages`` deep), then the first again (run-to-run noise). Logs:
 ``sweeps/sweep_words_tma_h200.log`` (32-byte boxes, a copy per half group; commit
-1b69aee) and ``sweeps/sweep_words_tma2d_h200.log`` (whole-row boxes, as now)."""
+762aaec) and ``sweeps/sweep_words_tma2d_h200.log`` (whole-row boxes, as now)."""
 _A = GemvTiles(
     block_n=8, block_k=512, num_warps=1, words=True, paired=True, pdl=True,
     prefetch=True,

@@ -175,7 +175,7 @@ M = 4 0.0457 (0.0480), M = 16 0.117 (0.126); Qwen3-235B M = 1 0.0428 (0.0472), M
 (0.255), M = 16 0.795 (0.910). 8 rows on both was within 5% of it (1-4% faster at
 Mixtral M = 4 and Qwen3-235B M = 1), 16 rows on both up to 10% slower, and TMA on one
 matrix only kept a third to a half of the gain. Boxes of 32-byte rows (a 4-D
-view giving each half of a group in its own copy; commit 1b69aee,
+view giving each half of a group in its own copy; commit 762aaec,
 ``sweep_words_tma_h200.log``) were 1.04-1.28x slower than the table. Where TMA does not
 apply (``tma_fit``, ``tma_target``) the same tiles run plain, unpipelined loads."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
