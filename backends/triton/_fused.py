@@ -108,7 +108,8 @@ def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
 
     int4: where w13 reads as whole aligned words (``int4_words_fit``) the paired word
     GEMV: ``GEMV_PAIRED`` (TMA reads) where its w13 grid fills the GPU (at least
-    ``GEMV_PROGRAMS_PER_SM`` programs per multiprocessor), else ``GEMV_PAIRED_FEW``
+    ``GEMV_PROGRAMS_PER_SM`` programs per multiprocessor of an H200, the GPU the table
+    was measured on), else ``GEMV_PAIRED_FEW``
     (loads one step ahead, which start sooner in short grids); else the byte kernel's
     ``GEMV_FEW`` (``use_gemv`` then allows <= ``GEMV_FEW_PAIRS`` pairs). Groups of one
     word (``G = 8``) run those tiles on the one-word kernel, and a w2 that is not whole

@@ -393,8 +393,8 @@ def launch_gemv(
     _moe_gemv_kernel[grid](
         a_MK, b.data, b.scale, zero, out, *common,
         b.data.stride(0), b.data.stride(1), b.scale.stride(0), b.scale.stride(1),
-        *out_strides, NG=ng, PREFETCH=tiles.prefetch, LOOP_STAGES=tiles.loop_stages,
-        **meta,
+        *out_strides, NG=ng, PREFETCH=tiles.prefetch,
+        LOOP_STAGES=gemv_loop_stages(tiles, tma=False), **meta,
     )  # fmt: skip
 
 

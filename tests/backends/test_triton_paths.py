@@ -184,6 +184,29 @@ def test_tma_reads_equal_plain_loads(
     assert torch.equal(out_tma, out_plain)
 
 
+def test_tma_tiles_on_weights_without_words_fall_back(
+    generator: torch.Generator,
+) -> None:
+    """TMA tiles where w2 is not whole words (K = 60): w13 reads by descriptor, w2
+    runs the byte kernel with the same tiles (unpipelined), and the layer matches the
+    oracle."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=96, intermediate_size=60)
+    scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1)
+    w13 = torch.randn(4, 120, 96, generator=generator) * 0.2
+    w2 = torch.randn(4, 96, 60, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.float16)
+    hidden_TD = torch.randn(3, 96, generator=generator).to(torch.float16)
+    routing = route_topk(torch.randn(3, 4, generator=generator), config)
+    tiles = GemvTiles(
+        block_n=16, block_k=32, words=True, paired=True, tma=True, loop_stages=2
+    )
+    _, prepared = check_w4a16(
+        weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles
+    )
+    assert launch.tma_fit(prepared.w13, tiles)
+    assert not int4_words_fit(prepared.w2)
+
+
 def test_paired_gemv_with_groups_of_an_odd_word_count(
     generator: torch.Generator,
 ) -> None:
