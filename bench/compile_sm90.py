@@ -5,8 +5,9 @@
 for an H100/H200 target (``GPUTarget("cuda", 90, 32)``; Triton's wheel bundles
 ``ptxas``, ``cuobjdump`` and ``nvdisasm``), with the meta-parameters of a Mixtral-8x7B
 launch (symmetric group 128, bf16 activations, every size and stride divisible by
-16), gated (w13) and not (w2), and prints per variant the registers and stack bytes
-(spills) a thread, the SASS instructions of the K loop's body and its most frequent
+16), gated (w13) and not (w2), the paired kernel also with TMA reads
+(``GemvTiles.tma``), and prints per variant the registers and stack bytes (spills) a
+thread, the shared memory, the SASS instructions of the K loop's body and its most frequent
 opcodes (the loop: the longest conditional backward branch; TMA waits spin in
 out-of-line blocks that jump back unconditionally). What it numbers is what the GPU
 runs, not
@@ -77,9 +78,7 @@ def compile_gemv(
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
-    half = GROUP // 16  # the paired kernel's words per half-chunk (512 > GROUP)
-    desc = f"tensordesc<i32[{block_n}, 64]>"
-    del half
+    desc = f"tensordesc<i32[{block_n}, 64]>"  # _words_descriptor's block, 512 codes
     signature: dict[str, str] = {}
     attrs: dict[tuple[int, ...], list[list[object]]] = {}
     for i, name in enumerate(params):
