@@ -29,6 +29,7 @@ from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import Int4Mapping, Int4Scheme
+from core.weights import QuantizedExpertWeights
 from tests.backends.triton_interpreter_cases import (
     GEMV_CASES,
     INTERPRETER_ONLY,
@@ -184,19 +185,30 @@ def test_tma_reads_equal_plain_loads(
     assert torch.equal(out_tma, out_plain)
 
 
+def _per_row_layer(
+    d: int, f: int, scheme: Int4Scheme, dtype: torch.dtype, generator: torch.Generator
+) -> tuple[QuantizedExpertWeights, MoEConfig, torch.Tensor, Routing]:
+    """A 4-expert top-2 layer of hidden size ``d`` and intermediate ``f`` (odd word
+    counts allowed), quantized with ``scheme``, and 3 tokens routed over it."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=d, intermediate_size=f)
+    w13 = torch.randn(4, 2 * f, d, generator=generator) * 0.2
+    w2 = torch.randn(4, d, f, generator=generator) * 0.2
+    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=dtype)
+    hidden_TD = torch.randn(3, d, generator=generator).to(dtype)
+    routing = route_topk(torch.randn(3, 4, generator=generator), config)
+    return weights, config, hidden_TD, routing
+
+
 def test_tma_tiles_on_weights_without_words_fall_back(
     generator: torch.Generator,
 ) -> None:
     """TMA tiles where w2 is not whole words (K = 60): w13 reads by descriptor, w2
     runs the byte kernel with the same tiles (unpipelined), and the layer matches the
     oracle."""
-    config = MoEConfig(num_experts=4, top_k=2, hidden_size=96, intermediate_size=60)
     scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1)
-    w13 = torch.randn(4, 120, 96, generator=generator) * 0.2
-    w2 = torch.randn(4, 96, 60, generator=generator) * 0.2
-    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.float16)
-    hidden_TD = torch.randn(3, 96, generator=generator).to(torch.float16)
-    routing = route_topk(torch.randn(3, 4, generator=generator), config)
+    weights, config, hidden_TD, routing = _per_row_layer(
+        96, 60, scheme, torch.float16, generator
+    )
     tiles = GemvTiles(
         block_n=16, block_k=32, words=True, paired=True, tma=True, loop_stages=2
     )
@@ -213,13 +225,10 @@ def test_paired_gemv_with_groups_of_an_odd_word_count(
     """w13 rows of 5 words as one group (D = 40, per-row scales; w2 rows of 6): the
     paired GEMV pairs words 0-1 with 2-3 and word 4 with a masked one (``HALF`` = 2),
     and matches the oracle."""
-    config = MoEConfig(num_experts=4, top_k=2, hidden_size=40, intermediate_size=48)
     scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1)
-    w13 = torch.randn(4, 96, 40, generator=generator) * 0.2
-    w2 = torch.randn(4, 40, 48, generator=generator) * 0.2
-    weights = quantize_expert_weights(w13, w2, scheme, scale_dtype=torch.bfloat16)
-    hidden_TD = torch.randn(3, 40, generator=generator).to(torch.bfloat16)
-    routing = route_topk(torch.randn(3, 4, generator=generator), config)
+    weights, config, hidden_TD, routing = _per_row_layer(
+        40, 48, scheme, torch.bfloat16, generator
+    )
     check_w4a16(
         weights, config, hidden_TD, routing, path="gemv", gemv_tiles=PAIRED_GEMV
     )
