@@ -175,8 +175,8 @@ M = 4 0.0457 (0.0480), M = 16 0.117 (0.126); Qwen3-235B M = 1 0.0428 (0.0472), M
 (0.255), M = 16 0.795 (0.910). 8 rows on both was within 6% of it (1-4% faster at
 Mixtral M = 4 and Qwen3-235B M = 1), 16 rows on both up to 11% slower; TMA on w13
 alone (w2 as ``GEMV_PAIRED_FEW``) was 1-2% faster at M = 1 of Mixtral and Qwen3-235B
-and up to 16% slower elsewhere, on w2 alone slower in 11 of 12 cells. Boxes of 32-byte rows (a 4-D
-view giving each half of a group in its own copy; commit 762aaec,
+and up to 16% slower elsewhere, on w2 alone slower in 11 of 12 cells. Boxes of
+32-byte rows (a 4-D view giving each half of a group in its own copy; commit 762aaec,
 ``sweep_words_tma_h200.log``) were 1.04-1.28x slower than the table. Where TMA does not
 apply (``tma_fit``, ``tma_target``) the same tiles run plain, unpipelined loads."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
