@@ -303,6 +303,52 @@ def test_gemv_rule_splits_w2_when_programs_are_few() -> None:
     )  # fmt: skip
 
 
+def _assert_same_outputs(
+    size: tuple[int, int, int, int, int],
+    scheme: Int4Scheme,
+    tiles: GemvTiles,
+    reference: GemvTiles,
+    *,
+    seed: int,
+    forwards: int,
+    drop: bool,
+) -> None:
+    """Eager and graph-replayed outputs of the GEMV path on ``tiles`` must equal, bit
+    for bit, those on ``reference`` over ``forwards`` fresh inputs and routings (the
+    graph captured once, before them); ``drop``: the first routing sends a pair to an
+    expert held elsewhere."""
+    e, k, d, f, t = size
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    weights = int4_weights(
+        config, scheme, torch.bfloat16, torch.Generator().manual_seed(seed)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
+    routing = gpu_routing(config, t)
+
+    def forward(chosen: GemvTiles) -> torch.Tensor:
+        return fused_moe(
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+            gemv_tiles=chosen,
+        )  # fmt: skip
+
+    forward(tiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = forward(tiles)
+    for i in range(forwards):
+        hidden_TD.copy_(torch.randn_like(hidden_TD))
+        fresh = gpu_routing(config, t)
+        routing.topk_ids.copy_(fresh.topk_ids)
+        if drop and i == 0:
+            routing.topk_ids[0, 0] = -1  # an expert held elsewhere
+        routing.topk_weights.copy_(fresh.topk_weights)
+        expected = forward(reference)
+        assert torch.equal(forward(tiles), expected)
+        graph.replay()
+        assert torch.equal(replayed, expected)
+
+
 @pytest.mark.parametrize(
     "size", [(8, 2, 4096, 14336, 1), (128, 8, 2048, 768, 1), (64, 4, 1024, 512, 3)]
 )
@@ -312,35 +358,10 @@ def test_pdl_matches_serial_launches(size: tuple[int, int, int, int, int]) -> No
     intermediate. Eager and graph-replayed outputs must equal, bit for bit, those of
     the same kernels launched one after the other, over many forwards with fresh
     inputs (w2 split 2 at Mixtral's shape, 1 at the others)."""
-    e, k, d, f, t = size
-    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    weights = int4_weights(
-        config, SCHEMES[0], torch.bfloat16, torch.Generator().manual_seed(4)
-    )
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
-    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
-    routing = gpu_routing(config, t)
     serial = attrs.evolve(KERNELS["pdl"], pdl=False)
-
-    def forward(tiles: GemvTiles) -> torch.Tensor:
-        return fused_moe(
-            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-            gemv_tiles=tiles,
-        )  # fmt: skip
-
-    forward(KERNELS["pdl"])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = forward(KERNELS["pdl"])
-    for _ in range(10):
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        fresh = gpu_routing(config, t)
-        routing.topk_ids.copy_(fresh.topk_ids)
-        routing.topk_weights.copy_(fresh.topk_weights)
-        expected = forward(serial)
-        assert torch.equal(forward(KERNELS["pdl"]), expected)
-        graph.replay()
-        assert torch.equal(replayed, expected)
+    _assert_same_outputs(
+        size, SCHEMES[0], KERNELS["pdl"], serial, seed=4, forwards=10, drop=False
+    )
 
 
 def _without_tma(tiles: GemvTiles) -> GemvTiles:
@@ -351,11 +372,14 @@ def _without_tma(tiles: GemvTiles) -> GemvTiles:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
+BIT_EXACT_SIZES = pytest.mark.parametrize(
     "size",
     [(8, 2, 4096, 14336, 1), (128, 8, 2048, 768, 1), (64, 4, 1152, 768, 3)],
     ids=["mixtral-w2-split", "qwen3-30b-w2-k-tail", "w13-k-tail"],
 )
+
+
+@BIT_EXACT_SIZES
 @pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
 def test_bulk_copy_reads_equal_plain_loads(
     size: tuple[int, int, int, int, int], scheme: Int4Scheme
@@ -365,34 +389,41 @@ def test_bulk_copy_reads_equal_plain_loads(
     with plain loads (the same words meet the same inputs), over fresh inputs; with a
     K split (Mixtral's w2), K tails (a last box past K reads zeros) and an expert
     held elsewhere."""
-    e, k, d, f, t = size
-    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    weights = int4_weights(
-        config, scheme, torch.bfloat16, torch.Generator().manual_seed(8)
-    )
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
-    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
-    routing = gpu_routing(config, t)
     plain = _without_tma(KERNELS["bulk"])
+    _assert_same_outputs(
+        size, scheme, KERNELS["bulk"], plain, seed=8, forwards=5, drop=True
+    )
 
-    def forward(tiles: GemvTiles) -> torch.Tensor:
-        return fused_moe(
-            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-            gemv_tiles=tiles,
-        )  # fmt: skip
 
-    forward(KERNELS["bulk"])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = forward(KERNELS["bulk"])
-    for i in range(5):
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        fresh = gpu_routing(config, t)
-        routing.topk_ids.copy_(fresh.topk_ids)
-        if i == 0:
-            routing.topk_ids[0, 0] = -1  # an expert held elsewhere
-        routing.topk_weights.copy_(fresh.topk_weights)
-        expected = forward(plain)
-        assert torch.equal(forward(KERNELS["bulk"]), expected)
-        graph.replay()
-        assert torch.equal(replayed, expected)
+def _with_l2(tiles: GemvTiles, *, evict_last: bool) -> GemvTiles:
+    """``tiles`` with every L2 prefetch on (``l2_next_bytes`` unbounded)."""
+    w2 = attrs.evolve(tiles.w2_tiles or tiles, l2_ahead=True, l2_evict_last=evict_last)
+    return attrs.evolve(
+        tiles, l2_next_bytes=1 << 62, l2_evict_last=evict_last, w2_tiles=w2
+    )
+
+
+@BIT_EXACT_SIZES
+@pytest.mark.parametrize(
+    ("table", "evict_last"),
+    [("GEMV_PAIRED", False), ("GEMV_PAIRED_FEW", True)],
+    ids=["paired", "few-evict-last"],
+)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
+def test_l2_prefetches_change_nothing(
+    size: tuple[int, int, int, int, int],
+    table: str,
+    evict_last: bool,
+    scheme: Int4Scheme,
+) -> None:
+    """The L2 prefetches (``GemvTiles.l2_ahead``, ``l2_next_bytes``) only ask for
+    lines: the table's tiles with them must give the same outputs, bit for bit, as
+    without, eager and graph-replayed, over fresh inputs; with a w2 K split (each
+    split asks for its own K range), K tails (the last line clamped into its run)
+    and an expert held elsewhere (its programs ask for nothing). An address past a
+    tensor would fault the launch."""
+    tiles = getattr(configs, table)
+    _assert_same_outputs(
+        size, scheme, _with_l2(tiles, evict_last=evict_last), tiles, seed=9,
+        forwards=4, drop=True,
+    )  # fmt: skip
