@@ -41,20 +41,17 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {
     "a_ptr": "*bf16", "w_ptr": "*i32", "scale_ptr": "*bf16", "zero_ptr": "*bf16",
     "c_ptr": "*bf16", "ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "bias_ptr": "*i32",
-    "b_ptr": "*u8", "next_w_ptr": "*u8", "next_s_ptr": "*bf16",
+    "b_ptr": "*u8",
 }  # fmt: skip
-VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None, L2)
-    ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4, None, False),
-    ("words 8x512", _moe_gemv_words_kernel, 8, False, 1, None, False),
-    ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1, None, False),
-    ("paired 8x512 ahead", _moe_gemv_pairs_kernel, 8, True, 1, None, False),
-    ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1, None, False),
-    ("paired 8x512 tma 3", _moe_gemv_pairs_kernel, 8, False, 1, 3, False),
-    ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3, False),
-    ("paired 8x512 tma 3 l2", _moe_gemv_pairs_kernel, 8, False, 1, 3, True),
-    ("paired 16x512 tma 3 l2", _moe_gemv_pairs_kernel, 16, False, 1, 3, True),
+VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
+    ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4, None),
+    ("words 8x512", _moe_gemv_words_kernel, 8, False, 1, None),
+    ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1, None),
+    ("paired 8x512 ahead", _moe_gemv_pairs_kernel, 8, True, 1, None),
+    ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1, None),
+    ("paired 8x512 tma 3", _moe_gemv_pairs_kernel, 8, False, 1, 3),
+    ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
 ]
-"""L2: the L2 prefetches on (``L2_NEXT`` gated, ``L2_AHEAD`` not; ``GemvTiles.l2_*``)."""
 GROUP = 128
 
 
@@ -66,13 +63,10 @@ def compile_gemv(
     prefetch: bool,
     warps: int,
     tma: int | None = None,
-    l2: bool = False,
 ) -> Any:
     """The kernel compiled for sm_90 with 512-column steps.
 
-    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep. ``l2``:
-    its L2 prefetches (the gated kernel asks for the next GEMV's weights, the other
-    for its own before the wait).
+    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep.
     """
     params = list(inspect.signature(kernel.fn).parameters)
     constants = {
@@ -80,8 +74,7 @@ def compile_gemv(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
         "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
-        "TMA": tma is not None, "L2_AHEAD": l2 and not gated, "L2_NEXT": l2 and gated,
-        "EVICT_LAST": False,
+        "TMA": tma is not None,
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
@@ -149,11 +142,11 @@ def describe(compiled: Any) -> str:
 
 def main() -> None:
     """One line per variant and projection."""
-    for label, kernel, block_n, prefetch, warps, tma, l2 in VARIANTS:
+    for label, kernel, block_n, prefetch, warps, tma in VARIANTS:
         for gated in (True, False):
             compiled = compile_gemv(
                 kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
-                tma=tma, l2=l2,
+                tma=tma,
             )  # fmt: skip
             name = f"{label} {'w13 gated' if gated else 'w2'}"
             print(f"{name:30s} {describe(compiled)}", flush=True)

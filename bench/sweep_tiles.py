@@ -4,10 +4,10 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``9``: the
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``8``: the
 second sweep's, the one-word table's, the paired kernel's, two-warp paired tiles, the
-paired table's with programmatic dependent launch, TMA reads, TMA tiles per
-matrix, or the table's with L2 prefetches, at the M where ``use_gemv`` holds);
+paired table's with programmatic dependent launch, TMA reads, or TMA tiles per
+matrix);
 at prefill the in-register GEMM, the dequant path and ``torch._grouped_mm`` on bf16
 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
@@ -60,13 +60,7 @@ from backends.triton._configs import (
     MoETiles,
     choose_tiles,
 )
-from backends.triton._fused import (
-    fused_moe,
-    pick_gemv_tiles,
-    pick_tiles,
-    use_dequant,
-    use_gemv,
-)
+from backends.triton._fused import fused_moe, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
@@ -168,34 +162,6 @@ WORD_GEMV_PER_MATRIX = {
 mixtures (``GemvTiles.w2_tiles``: the w2 GEMV's own tiles), then the first again
 (``sweeps/sweep_words_tma_mix_h200.log``; "w13 T8, w2 T16" became ``GEMV_PAIRED``)."""
 
-
-def _on_w2(tiles: GemvTiles, **kw: object) -> GemvTiles:
-    """``tiles`` with ``kw`` on the tiles its w2 GEMV runs (``w2_tiles`` or itself)."""
-    if tiles.w2_tiles is None:
-        return attrs.evolve(tiles, **kw)  # type: ignore[misc]
-    return attrs.evolve(tiles, w2_tiles=attrs.evolve(tiles.w2_tiles, **kw))  # type: ignore[misc]
-
-
-def l2_variants(table: GemvTiles) -> dict[str, GemvTiles]:
-    """``SWEEP_WORDS=9``: the table's tiles with and without L2 prefetches.
-
-    ``GemvTiles.l2_ahead``, ``l2_next_bytes`` always on, ``l2_evict_last``; then the
-    table's again (run-to-run noise).
-    """
-    always = 1 << 62
-    nxt = attrs.evolve(table, l2_next_bytes=always)
-    nxt_last = attrs.evolve(table, l2_next_bytes=always, l2_evict_last=True)
-    return {
-        "table": table,
-        "ahead": _on_w2(table, l2_ahead=True),
-        "next": nxt,
-        "next evict_last": nxt_last,
-        "ahead + next": _on_w2(nxt, l2_ahead=True),
-        "ahead + next, evict_last": _on_w2(nxt_last, l2_ahead=True, l2_evict_last=True),
-        "table again": table,
-    }
-
-
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -213,7 +179,7 @@ PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
 
 
 def variants(
-    m: int, k: int, e: int, default: MoETiles, mode: str, w13: ExpertMatrix
+    m: int, k: int, e: int, default: MoETiles, mode: str
 ) -> dict[str, dict[str, object]]:
     """Keyword arguments of fused_moe per variant name."""
     if mode == "emulation":
@@ -240,14 +206,6 @@ def variants(
             word_set = []
             for name, gt in WORD_GEMV_PER_MATRIX.items():
                 out_w[f"words {name}"] = {"gemv_tiles": gt, "path": "gemv"}
-        if os.environ.get("SWEEP_WORDS") == "9":
-            if not use_gemv(m * k, w13):
-                return {}
-            table = pick_gemv_tiles(m * k, w13)
-            return {
-                f"l2 {name}": {"gemv_tiles": gt, "path": "gemv"}
-                for name, gt in l2_variants(table).items()
-            }
         for i, (bn, bk, w, split, pre, stages, *more) in enumerate(word_set):
             pdl = len(more) > 1 and bool(more[1])
             tma = len(more) > 2 and bool(more[2])
@@ -406,7 +364,7 @@ def main() -> None:
             ref = moe_forward_reference(x, q, r, cfg)
             default = pick_tiles(m * k, w13, w2)
             fns: dict[str, Callable[[], torch.Tensor]] = {}
-            for key, kw in variants(m, k, e, default, mode, w13).items():
+            for key, kw in variants(m, k, e, default, mode).items():
                 fns[key] = lambda kw=kw: fused_moe(x, w13, w2, r, cfg, **kw)
             if dense16 is not None:
                 fns = group_fns(x, r, cfg, (w13, w2), dense16)

@@ -92,15 +92,6 @@ class GemvTiles:
             the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
         w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
             ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
-        l2_ahead: the w2 GEMV's programs ask L2 for their own weight words (not
-            scales) before they wait for w13 (``pdl``), so those that start during
-            w13's last wave read meanwhile (PTX ``prefetch.global.L2``; CUDA only,
-            paired kernel only; set on the tiles the w2 GEMV runs).
-        l2_next_bytes: the w13 GEMV's programs ask L2 for the w2 weights and scales
-            of their pairs' experts, each program a share, while the w13 GEMV runs:
-            where ``min(E, pairs)`` experts' w2 hold at most this many bytes (0:
-            never). CUDA only, paired kernel only; set on the w13 tiles.
-        l2_evict_last: those prefetches ask for L2's ``evict_last`` priority.
     """
 
     block_n: int
@@ -116,17 +107,6 @@ class GemvTiles:
     pdl: bool = False
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
-    l2_ahead: bool = attrs.field(default=False)
-    l2_next_bytes: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    l2_evict_last: bool = False
-
-    @l2_ahead.validator
-    def _l2_on_pairs(self, attribute: object, value: object) -> None:
-        if (value or self.l2_next_bytes) and not self.paired:
-            raise ValueError(
-                "GemvTiles: l2_ahead and l2_next_bytes need paired=True (the paired"
-                f" word kernel prefetches), got paired={self.paired}"
-            )
 
 
 @attrs.frozen(kw_only=True)

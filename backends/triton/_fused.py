@@ -37,7 +37,6 @@ from backends.triton._launch import (
     dequantize_experts,
     int4_words_fit,
     is_interpreting,
-    l2_next_fits,
     launch_gemm,
     launch_gemv,
     permute_k,
@@ -145,7 +144,7 @@ def _gemv_moe(
     inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
     launch_gemv(
         x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
-        tiles=chosen, l2_next=w2 if l2_next_fits(chosen, num_pairs, w2) else None,
+        tiles=chosen,
     )  # fmt: skip
     tiles2 = chosen.w2_tiles or chosen
     split = chosen.w2_split

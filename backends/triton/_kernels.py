@@ -323,32 +323,6 @@ def _grid_dependency(WAIT: tl.constexpr, NEXT: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(addr, nbytes, LINES: tl.constexpr, EVICT_LAST: tl.constexpr):
-    """Ask L2 for bytes ``[0, nbytes)`` after each of the addresses ``addr``.
-
-    ``addr``: int64 addresses (a ``[R, 1]`` tensor: one run of bytes a row); 128-byte
-    lines, ``LINES`` a row per instruction, every address clamped into its run (none
-    past ``nbytes - 1``; nothing for ``nbytes <= 0``). PTX ``prefetch.global.L2``
-    (``EVICT_LAST``: with the ``evict_last`` priority): no registers written, nothing
-    waited for, so the program goes on while the lines come (``GemvTiles.l2_ahead``,
-    ``l2_next_bytes``). CUDA only (inline PTX).
-    """
-    for start in range(0, nbytes, LINES * 128):
-        offs = tl.minimum(start + tl.arange(0, LINES) * 128, nbytes - 1)
-        lines = addr + offs.to(tl.int64)[None, :]
-        if EVICT_LAST:
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [lines],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        else:
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; // $0", "=r,l", [lines], dtype=tl.int32,
-                is_pure=False, pack=1,
-            )  # fmt: skip
-
-
-@triton.jit
 def _reduce_topk_kernel(
     # pointers
     part_ptr,

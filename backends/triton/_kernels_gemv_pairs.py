@@ -10,7 +10,7 @@ row and one group: one float32 conversion, one scale and one accumulation for bo
 import triton
 import triton.language as tl
 
-from backends.triton._kernels import _grid_dependency, _prefetch_l2
+from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
@@ -253,31 +253,6 @@ def _paired_loop(
 
 
 @triton.jit
-def _prefetch_own(
-    w_e, offs_n, N, k_lo, k_hi, stride_wn, EVICT_LAST: tl.constexpr,
-):  # fmt: skip
-    """L2 prefetch of a program's words: ``k_lo .. k_hi`` of its rows.
-
-    Not its scales (1/64 of the bytes at groups of 128): adding them took the 16-row
-    w2 step from 80 to 128 registers a thread (offline sm_90 compile).
-    """
-    rows = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None]
-    words = w_e.to(tl.int64) + rows * (4 * stride_wn) + k_lo // 2
-    _prefetch_l2(words, (k_hi - k_lo) // 2, 2, EVICT_LAST)
-
-
-@triton.jit
-def _prefetch_share(base_ptr, e, stride_e, nbytes, share, j, EVICT_LAST: tl.constexpr):
-    """L2 prefetch of bytes ``[j share, (j + 1) share)`` of run ``e`` (of ``nbytes``)."""
-    lo = j.to(tl.int64) * share
-    addr = base_ptr.to(tl.int64) + e.to(tl.int64) * stride_e + lo
-    _prefetch_l2(
-        tl.zeros([1, 1], dtype=tl.int64) + addr, tl.minimum(share, nbytes - lo), 32,
-        EVICT_LAST,
-    )  # fmt: skip
-
-
-@triton.jit
 def _moe_gemv_pairs_kernel(
     # pointers
     a_ptr,
@@ -289,18 +264,12 @@ def _moe_gemv_pairs_kernel(
     topk_weights_ptr,
     bias_ptr,
     w_desc,
-    next_w_ptr,
-    next_s_ptr,
     # sizes
     N,
     K,
     k_per_split,
     alpha,
     limit,
-    next_w_bytes,
-    next_s_bytes,
-    next_w_share,
-    next_s_share,
     # strides (w in int32 words)
     stride_am,
     stride_we,
@@ -310,8 +279,6 @@ def _moe_gemv_pairs_kernel(
     stride_cs,
     stride_cm,
     stride_bias,
-    next_stride_we,
-    next_stride_se,
     # meta-parameters
     A_DIV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -329,9 +296,6 @@ def _moe_gemv_pairs_kernel(
     PDL_WAIT: tl.constexpr,
     PDL_NEXT: tl.constexpr,
     TMA: tl.constexpr,
-    L2_AHEAD: tl.constexpr,
-    L2_NEXT: tl.constexpr,
-    EVICT_LAST: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
@@ -344,34 +308,16 @@ def _moe_gemv_pairs_kernel(
     ``TMA`` (``GemvTiles.tma``): the weight words come by bulk tensor copies through
     ``w_desc`` (``_tma_words``), which Triton pipelines through shared memory
     ``LOOP_STAGES`` deep; without it ``w_desc`` is unused (None).
-
-    L2 prefetches (CUDA; ``_prefetch_l2``): ``L2_AHEAD`` (``GemvTiles.l2_ahead``) asks
-    L2 for this program's own words (``_prefetch_own``) before ``PDL_WAIT``, so one that
-    starts while w13 still runs reads them meanwhile. ``L2_NEXT``
-    (``GemvTiles.l2_next_bytes``, gated only): program ``(p, j)`` asks L2 for share
-    ``j`` of the next GEMV's weights of expert ``e``, ``next_w_share`` bytes of the
-    ``next_w_bytes`` from ``next_w_ptr + e * next_stride_we`` (and the same of its
-    scales, ``next_s_*``); strides and sizes in bytes.
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
     if e < 0:
         return
+    _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
     offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
         p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
         stride_we, stride_se, A_DIV, BLOCK_N,
     )  # fmt: skip
-    if L2_AHEAD:
-        _prefetch_own(w_e, offs_n, N, k_lo, k_hi, stride_wn, EVICT_LAST)
-    _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
-    if L2_NEXT:
-        j = tl.program_id(1)
-        _prefetch_share(
-            next_w_ptr, e, next_stride_we, next_w_bytes, next_w_share, j, EVICT_LAST
-        )
-        _prefetch_share(
-            next_s_ptr, e, next_stride_se, next_s_bytes, next_s_share, j, EVICT_LAST
-        )
     row_tma = e * (stride_we // stride_wn) + tl.program_id(1) * BLOCK_N
     acc, acc_up = _paired_loop(
         w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],

@@ -316,7 +316,6 @@ def launch_gemv(
     gated: bool,
     tiles: GemvTiles,
     split: int = 1,
-    l2_next: ExpertMatrix | None = None,
 ) -> None:
     """Launch the decode GEMV writing ``out`` ``(N, n)``.
 
@@ -324,10 +323,7 @@ def launch_gemv(
     16-bit weights: ``_moe_gemv16_kernel``. int4: with ``tiles.words`` and
     ``int4_words_fit`` ``_moe_gemv_pairs_kernel`` (``tiles.paired``, groups of two
     words or more) or ``_moe_gemv_words_kernel``, else the byte kernel
-    ``_moe_gemv_kernel``. ``l2_next`` (gated, paired kernel, CUDA): the w2 whose
-    weights and scales the programs ask L2 for (``GemvTiles.l2_next_bytes``;
-    ``l2_next_fits`` decides); ``tiles.l2_ahead`` (ungated, paired kernel, CUDA):
-    each program asks L2 for its own before it waits.
+    ``_moe_gemv_kernel``.
     """
     assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
     k = int(a_MK.shape[1])
@@ -384,15 +380,7 @@ def launch_gemv(
             _moe_gemv_words_kernel[grid](*head, *tail, **launch)
             return
         desc = _words_descriptor(words, tiles) if tma else None
-        ptx = _ptx_target(a_MK)
-        ahead = tiles.l2_ahead and ptx and not gated
-        nxt = l2_next if ptx and gated else None
-        ptrs, sizes, strides = _next_args(nxt, b, programs=grid[1])
-        _moe_gemv_pairs_kernel[grid](
-            *head, desc, *ptrs, *tail[:5], *sizes, *tail[5:], *strides, TMA=tma,
-            L2_AHEAD=ahead, L2_NEXT=nxt is not None,
-            EVICT_LAST=tiles.l2_evict_last and (ahead or nxt is not None), **launch,
-        )  # fmt: skip
+        _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel
 
@@ -408,56 +396,6 @@ def launch_gemv(
         *out_strides, NG=ng, PREFETCH=tiles.prefetch,
         LOOP_STAGES=gemv_loop_stages(tiles, tma=False), **meta,
     )  # fmt: skip
-
-
-def l2_next_fits(tiles: GemvTiles, num_pairs: int, w2: ExpertMatrix) -> bool:
-    """Whether the w13 GEMV asks L2 for ``w2`` (``GemvTiles.l2_next_bytes``).
-
-    ``min(E, num_pairs)`` experts' w2 words and scales must fit the budget, each
-    expert's words and scales one contiguous run (``_next_args``), and the w13 tiles
-    must run the paired kernel (``launch_gemv`` checks the rest).
-    """
-    if not (tiles.l2_next_bytes and tiles.paired and tiles.words and w2.is_int4):
-        return False
-    assert w2.scale is not None
-    experts = min(int(w2.data.shape[0]), num_pairs)
-    each = _run_bytes(w2.data) + _run_bytes(w2.scale)
-    return (
-        w2.data[0].is_contiguous()
-        and w2.scale[0].is_contiguous()
-        and experts * each <= tiles.l2_next_bytes
-    )
-
-
-def _run_bytes(t: torch.Tensor) -> int:
-    """Bytes of one expert of ``t`` (``[E, ...]``)."""
-    return t[0].numel() * t.element_size()
-
-
-def l2_share(nbytes: int, programs: int) -> int:
-    """Bytes each of ``programs`` asks L2 for: whole 128-byte lines, all covered."""
-    return ceil_div(ceil_div(nbytes, programs), 128) * 128
-
-
-def _next_args(
-    w2: ExpertMatrix | None, b: ExpertMatrix, *, programs: int
-) -> tuple[tuple[object, ...], tuple[int, ...], tuple[int, ...]]:
-    """``_moe_gemv_pairs_kernel``'s ``next_*`` arguments: pointers, sizes, strides.
-
-    ``w2`` None: unused placeholders (``b``'s tensors, zeros).
-    """
-    if w2 is None:
-        return (b.data, b.scale), (0, 0, 0, 0), (0, 0)
-    assert w2.scale is not None
-    wb, sb = _run_bytes(w2.data), _run_bytes(w2.scale)
-    return (
-        (w2.data, w2.scale),
-        (wb, sb, l2_share(wb, programs), l2_share(sb, programs)),
-        (
-            w2.data.stride(0) * w2.data.element_size(),
-            w2.scale.stride(0) * w2.scale.element_size(),
-        ),
-    )
 
 
 def _gemv_meta(

@@ -20,11 +20,8 @@ from backends.triton._configs import (
 from backends.triton._fused import use_dequant, use_gemv
 from backends.triton._launch import (
     ExpertMatrix,
-    _next_args,
     gemv_loop_stages,
     int4_words_fit,
-    l2_next_fits,
-    l2_share,
     permute_k,
     permuted_width,
     tma_fit,
@@ -184,63 +181,6 @@ def test_gemv_w2_split_rule() -> None:
     assert configs.gemv_split_for(1, 4096, 1024) == 2
     with pytest.raises(ValueError, match="w2_split"):
         GemvTiles(block_n=16, block_k=64, w2_split=0)
-
-
-@pytest.mark.parametrize(
-    ("nbytes", "programs"), [(1, 1), (128, 3), (786432, 96), (12345, 7), (256, 1000)]
-)
-def test_l2_shares_cover_every_line_once(nbytes: int, programs: int) -> None:
-    """Program ``j`` asks for lines ``[j s, min((j + 1) s, nbytes))``, ``s`` the share
-    (whole lines): together every line of the run, each from one program, none past
-    it (``_prefetch_l2`` may ask for a run's last line again: it clamps)."""
-    share = l2_share(nbytes, programs)
-    assert share % 128 == 0
-    lines: list[int] = []
-    for j in range(programs):
-        lo, n = j * share, min(share, nbytes - j * share)
-        lines += [lo + min(i, n - 1) for i in range(0, n, 128)]  # _prefetch_l2's
-    assert sorted(lines) == list(range(0, nbytes, 128))
-
-
-def test_l2_next_fits_rule() -> None:
-    """The w13 GEMV asks L2 for w2 where ``min(E, pairs)`` experts' words and scales
-    fit ``l2_next_bytes``, each expert's one contiguous run, on the paired kernel."""
-    w2 = _words(768, 128, rows=2048)  # 2 experts of 786432 + 2048 * 6 * 4 bytes
-    each = 2048 * 384 + 2048 * 6 * 4
-    tiles = GemvTiles(
-        block_n=8, block_k=512, words=True, paired=True, l2_next_bytes=2 * each
-    )
-    assert l2_next_fits(tiles, 2, w2)
-    assert l2_next_fits(tiles, 64, w2)  # 64 pairs on 2 experts: 2 experts' bytes
-    assert l2_next_fits(attrs.evolve(tiles, l2_next_bytes=each), 1, w2)
-    assert not l2_next_fits(attrs.evolve(tiles, l2_next_bytes=each), 2, w2)
-    assert not l2_next_fits(attrs.evolve(tiles, l2_next_bytes=0), 1, w2)
-    assert not l2_next_fits(attrs.evolve(tiles, words=False), 1, w2)
-    strided = ExpertMatrix(data=w2.data[:, :, :128], scale=w2.scale, group_size=128)
-    assert not l2_next_fits(tiles, 1, strided)  # rows 384 bytes apart, 128 read
-    dense = ExpertMatrix(data=torch.zeros(2, 16, 64, dtype=torch.bfloat16))
-    assert not l2_next_fits(tiles, 1, dense)
-    with pytest.raises(ValueError, match="paired=True"):
-        GemvTiles(block_n=8, block_k=512, l2_next_bytes=1)
-    with pytest.raises(ValueError, match="paired=True"):
-        GemvTiles(block_n=8, block_k=512, words=True, l2_ahead=True)
-    with pytest.raises(ValueError, match="l2_next_bytes"):
-        GemvTiles(block_n=8, block_k=512, paired=True, l2_next_bytes=-1)
-
-
-def test_next_args_describe_each_expert_as_runs_of_bytes() -> None:
-    """``_moe_gemv_pairs_kernel``'s ``next_*`` arguments: per expert, its words and
-    its scales as runs of bytes (sizes, shares of 96 programs, strides); without a
-    w2, placeholders that ask for nothing."""
-    w2 = _words(768, 128, rows=2048)
-    ptrs, sizes, strides = _next_args(w2, w2, programs=96)
-    assert ptrs == (w2.data, w2.scale)
-    assert sizes == (786432, 49152, 8192, 512)
-    assert strides == (786432, 49152)
-    none_ptrs, none_sizes, none_strides = _next_args(None, w2, programs=96)
-    assert none_ptrs == (w2.data, w2.scale)
-    assert none_sizes == (0, 0, 0, 0)
-    assert none_strides == (0, 0)
 
 
 def test_gemv_is_the_decode_rule() -> None:

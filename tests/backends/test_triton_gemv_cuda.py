@@ -372,14 +372,11 @@ def _without_tma(tiles: GemvTiles) -> GemvTiles:
     )  # fmt: skip
 
 
-BIT_EXACT_SIZES = pytest.mark.parametrize(
+@pytest.mark.parametrize(
     "size",
     [(8, 2, 4096, 14336, 1), (128, 8, 2048, 768, 1), (64, 4, 1152, 768, 3)],
     ids=["mixtral-w2-split", "qwen3-30b-w2-k-tail", "w13-k-tail"],
 )
-
-
-@BIT_EXACT_SIZES
 @pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
 def test_bulk_copy_reads_equal_plain_loads(
     size: tuple[int, int, int, int, int], scheme: Int4Scheme
@@ -393,37 +390,3 @@ def test_bulk_copy_reads_equal_plain_loads(
     _assert_same_outputs(
         size, scheme, KERNELS["bulk"], plain, seed=8, forwards=5, drop=True
     )
-
-
-def _with_l2(tiles: GemvTiles, *, evict_last: bool) -> GemvTiles:
-    """``tiles`` with every L2 prefetch on (``l2_next_bytes`` unbounded)."""
-    w2 = attrs.evolve(tiles.w2_tiles or tiles, l2_ahead=True, l2_evict_last=evict_last)
-    return attrs.evolve(
-        tiles, l2_next_bytes=1 << 62, l2_evict_last=evict_last, w2_tiles=w2
-    )
-
-
-@BIT_EXACT_SIZES
-@pytest.mark.parametrize(
-    ("table", "evict_last"),
-    [("GEMV_PAIRED", False), ("GEMV_PAIRED_FEW", True)],
-    ids=["paired", "few-evict-last"],
-)
-@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
-def test_l2_prefetches_change_nothing(
-    size: tuple[int, int, int, int, int],
-    table: str,
-    evict_last: bool,
-    scheme: Int4Scheme,
-) -> None:
-    """The L2 prefetches (``GemvTiles.l2_ahead``, ``l2_next_bytes``) only ask for
-    lines: the table's tiles with them must give the same outputs, bit for bit, as
-    without, eager and graph-replayed, over fresh inputs; with a w2 K split (each
-    split asks for its own K range), K tails (the last line clamped into its run)
-    and an expert held elsewhere (its programs ask for nothing). An address past a
-    tensor would fault the launch."""
-    tiles = getattr(configs, table)
-    _assert_same_outputs(
-        size, scheme, _with_l2(tiles, evict_last=evict_last), tiles, seed=9,
-        forwards=4, drop=True,
-    )  # fmt: skip
