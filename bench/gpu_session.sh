@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that re-checks the Triton backends on a CUDA GPU, from the repository
 # root: the benchmark (bench/RESULTS.md, results.json, PNGs), then the CUDA tests in
-# eight parallel pytest jobs (450 s each at most), logs concatenated into
+# eight parallel pytest jobs (JOB_S seconds each at most, default 450), logs concatenated into
 # $OUT/cuda_tests.log. On an H200 the bench took 1-6 min and the tests about 5 (most of
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
 # pass "bench" or "tests" to run one half per call.
@@ -17,7 +17,7 @@ fi
 [ "$mode" = "bench" ] && exit $status
 run() {  # name, then pytest arguments
   local name=$1; shift
-  timeout 450 python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
+  timeout "${JOB_S:-450}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
     || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
 }
 run gemv tests/backends/test_triton_gemv_cuda.py -k "not word_tiles and not magnitude and not loop_variants and not bulk" &

@@ -4,10 +4,10 @@
 shapes of bench_gpu.py, times triton-w4a16's paths with tile variants: at decode the
 grouped GEMM and the GEMV; ``gemv``: the GEMV's loop variants at M = 1 and 4, then
 prints the one bench_gpu.py should take (``GEMV_VARIANT``); ``words``: the word GEMV's
-tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``8``: the
+tiles (``GemvTiles.words``) at M = 1 and 4 (``SWEEP_WORDS=2`` to ``9``: the
 second sweep's, the one-word table's, the paired kernel's, two-warp paired tiles, the
-paired table's with programmatic dependent launch, TMA reads, or TMA tiles per
-matrix);
+paired table's with programmatic dependent launch, TMA reads, TMA tiles per
+matrix, or ``GEMV_PAIRED`` with w2 on 8 or 16 rows and K splits of 1-8);
 at prefill the in-register GEMM, the dequant path and ``torch._grouped_mm`` on bf16
 weights; ``emulation``: triton-emulation's GEMM tiles on
 bf16 weights beside ``torch._grouped_mm`` at M = 256-4096; ``operands``: the in-register
@@ -54,6 +54,7 @@ from bench_gpu import (
 
 from backends.triton._configs import (
     GEMV_FEW,
+    GEMV_PAIRED,
     SIXTEEN_BIT_MIN_PAIRS,
     GemmTiles,
     GemvTiles,
@@ -162,6 +163,27 @@ WORD_GEMV_PER_MATRIX = {
 mixtures (``GemvTiles.w2_tiles``: the w2 GEMV's own tiles), then the first again
 (``sweeps/sweep_words_tma_mix_h200.log``; "w13 T8, w2 T16" became ``GEMV_PAIRED``)."""
 
+
+def w2_split_variants() -> dict[str, GemvTiles]:
+    """``SWEEP_WORDS=9``: ``GEMV_PAIRED``'s w2 on 16 rows (as now) or 8, split 1-8.
+
+    K split by the rule (``gemv_split_for``) or 2, 4 or 8 ways; then the table's
+    again (run-to-run noise).
+    """
+    table = GEMV_PAIRED
+    assert table.w2_tiles is not None
+    t8 = attrs.evolve(table.w2_tiles, block_n=8)
+    out = {"table": table}
+    for split in (2, 4, 8):
+        out[f"w2 16 rows split {split}"] = attrs.evolve(table, w2_split=split)
+    for split in (None, 2, 4, 8):
+        out[f"w2 8 rows split {split or 'rule'}"] = attrs.evolve(
+            table, w2_split=split, w2_tiles=t8
+        )
+    out["table again"] = table
+    return out
+
+
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -206,6 +228,11 @@ def variants(
             word_set = []
             for name, gt in WORD_GEMV_PER_MATRIX.items():
                 out_w[f"words {name}"] = {"gemv_tiles": gt, "path": "gemv"}
+        if os.environ.get("SWEEP_WORDS") == "9":
+            return {
+                f"words {name}": {"gemv_tiles": gt, "path": "gemv"}
+                for name, gt in w2_split_variants().items()
+            }
         for i, (bn, bk, w, split, pre, stages, *more) in enumerate(word_set):
             pdl = len(more) > 1 and bool(more[1])
             tma = len(more) > 2 and bool(more[2])
