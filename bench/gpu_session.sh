@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that re-checks the Triton backends on a CUDA GPU, from the repository
 # root: the benchmark (bench/RESULTS.md, results.json, PNGs), then the CUDA tests in
-# eight parallel pytest jobs (JOB_S seconds each at most, default 450), logs concatenated into
+# nine parallel pytest jobs (JOB_S seconds each at most, default 450), logs concatenated into
 # $OUT/cuda_tests.log. On an H200 the bench took 1-6 min and the tests about 5 (most of
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
 # pass "bench" or "tests" to run one half per call.
@@ -20,7 +20,9 @@ run() {  # name, then pytest arguments
   timeout "${JOB_S:-450}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
     || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
 }
-run gemv tests/backends/test_triton_gemv_cuda.py -k "not word_tiles and not magnitude and not loop_variants and not bulk" &
+gemv="not word_tiles and not magnitude and not loop_variants and not bulk"
+run gemv tests/backends/test_triton_gemv_cuda.py -k "$gemv and (bytes or words)" &
+run gemv_pairs tests/backends/test_triton_gemv_cuda.py -k "$gemv and not bytes and not words" &
 run gemv_loops tests/backends/test_triton_gemv_cuda.py -k loop_variants &
 run gemv_words tests/backends/test_triton_gemv_cuda.py -k "(word_tiles or magnitude) and not bulk" &
 run gemv_bulk tests/backends/test_triton_gemv_cuda.py -k bulk &
@@ -29,8 +31,8 @@ run w4a16 tests/backends/test_triton_cuda.py -k w4a16 &
 run rest tests/backends/test_triton_cuda.py tests/modules/test_int4_moe_cuda.py -k "not w4a16" &
 run variants tests/backends/test_triton_gemm_variants_cuda.py &
 for job in $(jobs -p); do wait "$job" || status=1; done
-for name in gemv gemv_loops gemv_words gemv_bulk dequant w4a16 rest variants; do
+for name in gemv gemv_pairs gemv_loops gemv_words gemv_bulk dequant w4a16 rest variants; do
   echo "=== $name"; cat "/tmp/cuda_$name.log"
 done > "$out/cuda_tests.log"
-grep -E "passed|failed|error" "$out/cuda_tests.log" | grep -v "^E " | tail -8
+grep -E "passed|failed|error" "$out/cuda_tests.log" | grep -v "^E " | tail -9
 exit $status
