@@ -249,20 +249,34 @@ def split_for(tiles_out: int, k: int, block_k: int) -> int:
 
 GEMV_PROGRAMS_PER_SM: Final = 8
 """The w2 GEMV splits K until it has this many programs per SM (``gemv_split_for``)."""
+GEMV_MAX_STEPS: Final = 8
+"""... and until each program has at most this many steps (``gemv_split_for``)."""
+GEMV_MAX_SPLIT: Final = 8
 
 
 def gemv_split_for(programs: int, k: int, block_k: int) -> int:
-    """K splits of the w2 GEMV: until ``GEMV_PROGRAMS_PER_SM`` per SM, >= 2 steps each.
+    """K splits of the w2 GEMV: for few programs or long ones, >= 2 steps each.
+
+    Doubles the split while the programs are fewer than ``GEMV_PROGRAMS_PER_SM`` per
+    SM or have more than ``GEMV_MAX_STEPS`` steps, as long as each split keeps >= 2
+    steps; at most ``GEMV_MAX_SPLIT``.
 
     Mixtral-8x7B at M = 1 has 512 programs of 28 steps; split 4 took its w2 GEMV from
-    64 to 50 us (H100, bench/sweeps/probe_gemv_h100_split_words_tc.log). The other model shapes
-    already have >= 2048 programs at M = 1 and keep one split.
+    64 to 50 us (H100, bench/sweeps/probe_gemv_h100_split_words_tc.log). At M = 4 it
+    has 2048 programs, still of 28 steps: split 4 took the layer from 0.2485 to 0.2330
+    ms (H200, graph replay, ``GEMV_PAIRED``; split 8 0.2307, 2 0.2370;
+    bench/sweeps/sweep_words_w2_split_h200.log). The other model shapes have w2
+    reductions of 2-4 steps and >= 2048 programs at M = 1, and keep one split: in that
+    sweep a forced split of 2 cost Qwen3-235B and DeepSeek-V3 1-4.5% at M = 1 and 4,
+    4 and 8 up to 47%.
     """
     split = 1
     target = GEMV_PROGRAMS_PER_SM * NUM_SMS_H200
-    while programs * split < target and k // (2 * split) >= 2 * block_k:
+    while (
+        programs * split < target or ceil_div(k, split * block_k) > GEMV_MAX_STEPS
+    ) and k // (2 * split) >= 2 * block_k:
         split *= 2
-    return split
+    return min(split, GEMV_MAX_SPLIT)
 
 
 SIXTEEN_BIT_MIN_PAIRS: Final = 512

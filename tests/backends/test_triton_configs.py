@@ -172,10 +172,15 @@ def test_gemv_loop_stages_drop_the_pipeline_of_a_tma_fallback() -> None:
 
 
 def test_gemv_w2_split_rule() -> None:
-    """Split K only while programs are few, and keep >= 2 steps per split."""
+    """Split K while programs are few or long (> 8 steps), keep >= 2 steps per
+    split, and split at most 8 ways."""
     target = configs.GEMV_PROGRAMS_PER_SM * configs.NUM_SMS_H200
-    assert configs.gemv_split_for(target, 1 << 20, 512) == 1
+    assert configs.gemv_split_for(target, 4096, 512) == 1  # 8 steps: enough programs
+    assert configs.gemv_split_for(target, 4608, 512) == 2  # 9 steps: long
+    assert configs.gemv_split_for(target, 1 << 20, 512) == 8  # at most 8 ways
     assert configs.gemv_split_for(512, 14336, 512) == 4  # Mixtral-8x7B w2 at M = 1
+    assert configs.gemv_split_for(2048, 14336, 512) == 4  # M = 4: 28 steps, long
+    assert configs.gemv_split_for(2048, 2048, 512) == 1  # DeepSeek-V3: 4 steps
     assert configs.gemv_split_for(1024, 768, 512) == 1  # Qwen3-30B-A3B: K too short
     assert configs.gemv_split_for(1, 4096, 512) == 4  # 4096 / 4 = 2 steps of 512
     assert configs.gemv_split_for(1, 4096, 1024) == 2
