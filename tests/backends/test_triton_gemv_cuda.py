@@ -357,7 +357,7 @@ def test_pdl_matches_serial_launches(size: tuple[int, int, int, int, int]) -> No
     the kernel ahead of them ends: a wait in the wrong place would read a partial
     intermediate. Eager and graph-replayed outputs must equal, bit for bit, those of
     the same kernels launched one after the other, over many forwards with fresh
-    inputs (w2 split 2 at Mixtral's shape, 1 at the others)."""
+    inputs (w2 split 4 at Mixtral's shape, 1 at the others)."""
     serial = attrs.evolve(KERNELS["pdl"], pdl=False)
     _assert_same_outputs(
         size, SCHEMES[0], KERNELS["pdl"], serial, seed=4, forwards=10, drop=False
