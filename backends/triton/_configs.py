@@ -250,8 +250,10 @@ def split_for(tiles_out: int, k: int, block_k: int) -> int:
 GEMV_PROGRAMS_PER_SM: Final = 8
 """The w2 GEMV splits K until it has this many programs per SM (``gemv_split_for``)."""
 GEMV_MAX_STEPS: Final = 8
-"""... and until each program has at most this many steps (``gemv_split_for``)."""
+"""The w2 GEMV also splits K while its programs have more than this many steps
+(``gemv_split_for``)."""
 GEMV_MAX_SPLIT: Final = 8
+"""``gemv_split_for`` splits K at most this many ways (the sweeps measured 2, 4, 8)."""
 
 
 def gemv_split_for(programs: int, k: int, block_k: int) -> int:
