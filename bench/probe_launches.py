@@ -30,8 +30,12 @@ from bench_gpu import (
     route,
 )
 
-import backends.triton._configs as configs
-from backends.triton._fused import fused_moe, pick_gemv_tiles, use_gemv
+from backends.triton._fused import (
+    fused_moe,
+    gemv_w2_split,
+    pick_gemv_tiles,
+    use_gemv,
+)
 from backends.triton._launch import ExpertMatrix, buffer_dtype, launch_gemv, reduce_topk
 from core.config import MoEConfig
 
@@ -56,9 +60,7 @@ def main() -> None:
             active = int(torch.unique(r.topk_ids).numel())
             tiles = pick_gemv_tiles(n, w13)
             tiles2 = tiles.w2_tiles or tiles
-            split = tiles.w2_split or configs.gemv_split_for(
-                n * -(-d // tiles2.block_n), f, tiles2.block_k
-            )
+            split = gemv_w2_split(tiles, n, d, f)
             inter = torch.randn(n, f, device="cuda").to(buffer_dtype(x.dtype))
             part = torch.empty(
                 split, n, d, device="cuda",

@@ -275,10 +275,12 @@ def gemv_split_for(programs: int, k: int, block_k: int) -> int:
     split = 1
     target = GEMV_PROGRAMS_PER_SM * NUM_SMS_H200
     while (
-        programs * split < target or ceil_div(k, split * block_k) > GEMV_MAX_STEPS
-    ) and k // (2 * split) >= 2 * block_k:
+        (programs * split < target or ceil_div(k, split * block_k) > GEMV_MAX_STEPS)
+        and split < GEMV_MAX_SPLIT
+        and k // (2 * split) >= 2 * block_k
+    ):
         split *= 2
-    return min(split, GEMV_MAX_SPLIT)
+    return split
 
 
 SIXTEEN_BIT_MIN_PAIRS: Final = 512

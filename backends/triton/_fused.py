@@ -128,6 +128,19 @@ def pick_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
     return configs.GEMV_PAIRED
 
 
+def gemv_w2_split(tiles: GemvTiles, num_pairs: int, d: int, f: int) -> int:
+    """K splits of the w2 GEMV: ``tiles.w2_split``, else ``gemv_split_for`` on its grid.
+
+    ``d`` hidden size (w2's rows), ``f`` intermediate size (its K); the grid is that of
+    the tiles the w2 GEMV runs (``tiles.w2_tiles`` or ``tiles``).
+    """
+    if tiles.w2_split is not None:
+        return tiles.w2_split
+    tiles2 = tiles.w2_tiles or tiles
+    programs = num_pairs * -(-d // tiles2.block_n)
+    return configs.gemv_split_for(programs, f, tiles2.block_k)
+
+
 def _gemv_moe(
     x_TD: torch.Tensor,
     w13: ExpertMatrix,
@@ -147,10 +160,7 @@ def _gemv_moe(
         tiles=chosen,
     )  # fmt: skip
     tiles2 = chosen.w2_tiles or chosen
-    split = chosen.w2_split
-    if split is None:
-        programs = num_pairs * -(-d // tiles2.block_n)
-        split = configs.gemv_split_for(programs, f, tiles2.block_k)
+    split = gemv_w2_split(chosen, num_pairs, d, f)
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
     launch_gemv(
