@@ -390,3 +390,41 @@ def test_bulk_copy_reads_equal_plain_loads(
     _assert_same_outputs(
         size, scheme, KERNELS["bulk"], plain, seed=8, forwards=5, drop=True
     )
+
+
+EXPERT_BLOCKS = {
+    "blocks2": attrs.evolve(configs.GEMV_PAIRED, tokens=2),
+    "blocks4": attrs.evolve(
+        configs.GEMV_PAIRED,
+        block_n=4,
+        tokens=4,
+        w2_tiles=attrs.evolve(
+            configs.GEMV_PAIRED_FEW, prefetch=False, tma=True, loop_stages=3
+        ),
+    ),
+    "blocks4-plain": attrs.evolve(configs.GEMV_PAIRED_FEW, block_n=4, tokens=4),
+}
+"""The expert-major paired GEMV (``GemvTiles.tokens``): 2 pairs a program on
+``GEMV_PAIRED``'s tiles, 4 on 4-row w13 tiles (TMA, and plain loads)."""
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(8, 2, 4096, 14336, 16), (128, 8, 4096, 1536, 16), (64, 4, 1152, 768, 24)],
+    ids=["mixtral-w2-split", "qwen3-235b", "k-tails"],
+)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
+@pytest.mark.parametrize("kernel", list(EXPERT_BLOCKS))
+def test_expert_blocks_equal_pair_major(
+    size: tuple[int, int, int, int, int], scheme: Int4Scheme, kernel: str
+) -> None:
+    """The expert-major GEMV (``_kernels_gemv_blocks.py``) reads an expert's words
+    once for up to 2 or 4 of its pairs and dequantizes them once; each pair's output
+    must equal, bit for bit, the pair-major paired kernel's on the same tiles, eager
+    and graph-replayed over fresh routings (pairs sharing experts, blocks with fewer
+    pairs than slots, an expert held elsewhere, K tails and a w2 K split)."""
+    tiles = EXPERT_BLOCKS[kernel]
+    w2 = tiles.w2_tiles
+    pair_major = attrs.evolve(tiles, tokens=1)
+    assert w2 is None or w2.tokens == 1
+    _assert_same_outputs(size, scheme, tiles, pair_major, seed=9, forwards=4, drop=True)
