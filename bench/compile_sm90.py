@@ -34,7 +34,6 @@ from triton.compiler.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.triton._kernels_gemv import _moe_gemv_kernel
-from backends.triton._kernels_gemv_blocks import _moe_gemv_blocks_kernel
 from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
 from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
@@ -42,10 +41,9 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {
     "a_ptr": "*bf16", "w_ptr": "*i32", "scale_ptr": "*bf16", "zero_ptr": "*bf16",
     "c_ptr": "*bf16", "ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "bias_ptr": "*i32",
-    "b_ptr": "*u8", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-    "block_rows_ptr": "*i32",
+    "b_ptr": "*u8",
 }  # fmt: skip
-VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None[, tokens])
+VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
     ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4, None),
     ("words 8x512", _moe_gemv_words_kernel, 8, False, 1, None),
     ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1, None),
@@ -53,10 +51,6 @@ VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None[, t
     ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1, None),
     ("paired 8x512 tma 3", _moe_gemv_pairs_kernel, 8, False, 1, 3),
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
-    ("blocks 8x512 tma 3 x2", _moe_gemv_blocks_kernel, 8, False, 1, 3, 2),
-    ("blocks 8x512 tma 3 x4", _moe_gemv_blocks_kernel, 8, False, 1, 3, 4),
-    ("blocks 4x512 tma 3 x4", _moe_gemv_blocks_kernel, 4, False, 1, 3, 4),
-    ("blocks 4x512 tma 3 x2", _moe_gemv_blocks_kernel, 4, False, 1, 3, 2),
 ]
 GROUP = 128
 
@@ -69,12 +63,10 @@ def compile_gemv(
     prefetch: bool,
     warps: int,
     tma: int | None = None,
-    tokens: int = 1,
 ) -> Any:
     """The kernel compiled for sm_90 with 512-column steps.
 
-    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep;
-    ``tokens``: the blocks kernel's pairs per program.
+    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep.
     """
     params = list(inspect.signature(kernel.fn).parameters)
     constants = {
@@ -82,7 +74,7 @@ def compile_gemv(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
         "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
-        "TMA": tma is not None, "TOKENS": tokens,
+        "TMA": tma is not None,
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
@@ -150,11 +142,11 @@ def describe(compiled: Any) -> str:
 
 def main() -> None:
     """One line per variant and projection."""
-    for label, kernel, block_n, prefetch, warps, tma, *more in VARIANTS:
+    for label, kernel, block_n, prefetch, warps, tma in VARIANTS:
         for gated in (True, False):
             compiled = compile_gemv(
                 kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
-                tma=tma, tokens=more[0] if more else 1,
+                tma=tma,
             )  # fmt: skip
             name = f"{label} {'w13 gated' if gated else 'w2'}"
             print(f"{name:30s} {describe(compiled)}", flush=True)

@@ -55,7 +55,6 @@ from bench_gpu import (
 from backends.triton._configs import (
     GEMV_FEW,
     GEMV_PAIRED,
-    GEMV_PAIRED_FEW,
     SIXTEEN_BIT_MIN_PAIRS,
     GemmTiles,
     GemvTiles,
@@ -185,37 +184,6 @@ def w2_split_variants() -> dict[str, GemvTiles]:
     return out
 
 
-def token_block_variants() -> dict[str, GemvTiles]:
-    """``SWEEP_WORDS=10``: the expert-major paired GEMV (``GemvTiles.tokens``).
-
-    ``GEMV_PAIRED`` (TMA) pair-major, then 2 or 4 pairs of an expert per program on
-    w13 tiles of 8 or 4 rows and w2 tiles of 16, 8 or 4 rows (TMA; w2 split by the
-    rule), 4 pairs on plain loads; then the table's again (run-to-run noise).
-    """
-    table = GEMV_PAIRED
-    w2 = table.w2_tiles
-    assert w2 is not None
-    out = {"paired": table}
-    for tokens, rows13, rows2 in (
-        (2, 8, 16),
-        (2, 8, 8),
-        (2, 4, 8),
-        (4, 4, 8),
-        (4, 4, 4),
-        (4, 8, 8),
-    ):
-        out[f"x{tokens} w13 {rows13} w2 {rows2}"] = attrs.evolve(
-            table, tokens=tokens, block_n=rows13,
-            w2_tiles=attrs.evolve(w2, block_n=rows2),
-        )  # fmt: skip
-    out["x4 w13 4 w2 8 plain"] = attrs.evolve(
-        GEMV_PAIRED_FEW, prefetch=False, block_n=4, tokens=4,
-        w2_tiles=attrs.evolve(GEMV_PAIRED_FEW, prefetch=False),
-    )  # fmt: skip
-    out["paired again"] = table
-    return out
-
-
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -264,11 +232,6 @@ def variants(
             return {
                 f"words {name}": {"gemv_tiles": gt, "path": "gemv"}
                 for name, gt in w2_split_variants().items()
-            }
-        if os.environ.get("SWEEP_WORDS") == "10":
-            return out_w | {
-                f"words {name}": {"gemv_tiles": gt, "path": "gemv"}
-                for name, gt in token_block_variants().items()
             }
         for i, (bn, bk, w, split, pre, stages, *more) in enumerate(word_set):
             pdl = len(more) > 1 and bool(more[1])

@@ -92,12 +92,6 @@ class GemvTiles:
             the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
         w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
             ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
-        tokens: pairs of one expert per program (1, 2 or 4). Above 1 the paired
-            kernel runs expert-major (``_kernels_gemv_blocks.py``): the pairs are
-            first aligned to experts in blocks of ``tokens`` on the device (two more
-            launches), and each program reads its expert's words once for all its
-            block's pairs. Read from the w13 tiles (``w2_tiles`` follow them); kernels
-            other than the paired one run pair-major.
     """
 
     block_n: int
@@ -113,7 +107,6 @@ class GemvTiles:
     pdl: bool = False
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
-    tokens: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2, 4)))
 
 
 @attrs.frozen(kw_only=True)

@@ -154,14 +154,10 @@ def _gemv_moe(
     f = int(w13.data.shape[1]) // 2
     chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs, w13)
     dtype = buffer_dtype(x_TD.dtype)
-    blocks = None
-    if chosen.tokens > 1 and w13.is_int4:
-        experts = int(w13.data.shape[0])
-        blocks = align_pairs_to_blocks(routing.topk_ids, experts, block_m=chosen.tokens)
     inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
     launch_gemv(
         x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
-        tiles=chosen, blocks=blocks,
+        tiles=chosen,
     )  # fmt: skip
     tiles2 = chosen.w2_tiles or chosen
     split = gemv_w2_split(chosen, num_pairs, d, f)
@@ -169,7 +165,7 @@ def _gemv_moe(
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
     launch_gemv(
         inter_NF, w2, part_SND, n=d, routing=routing, config=config, gated=False,
-        tiles=tiles2, split=split, blocks=blocks,
+        tiles=tiles2, split=split,
     )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
     return reduce_topk(

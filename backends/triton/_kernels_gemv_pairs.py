@@ -89,43 +89,6 @@ def _tma_words(
 
 
 @triton.jit
-def _pair_cols(
-    offs_i, k0, k_hi, GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):  # fmt: skip
-    """A step's word columns ``wa``, ``wb`` (``_pair_loads``) and their K masks."""
-    BW: tl.constexpr = BLOCK_K // 8
-    WG: tl.constexpr = GROUP // 8
-    HALF: tl.constexpr = BW // 2 if BLOCK_K <= GROUP else WG // 2
-    wa = tl.multiple_of(k0 // 8, BW) + (offs_i // HALF) * (2 * HALF) + offs_i % HALF
-    wb = wa + HALF
-    if EVEN:
-        a_mask = offs_i < BW // 2
-        if PREFETCH:
-            a_mask = a_mask & (k0 < k_hi)
-        b_mask = a_mask
-    else:
-        a_mask = wa < k_hi // 8
-        b_mask = wb < k_hi // 8
-    return wa, wb, a_mask, b_mask
-
-
-@triton.jit
-def _pair_planes(x_ptr, wa, wb, a_mask, b_mask):
-    """The 16 input planes of a step (``_x_plane``): 8 of ``wa``, then 8 of ``wb``."""
-    return (
-        _x_plane(x_ptr, wa, a_mask, 0), _x_plane(x_ptr, wa, a_mask, 1),
-        _x_plane(x_ptr, wa, a_mask, 2), _x_plane(x_ptr, wa, a_mask, 3),
-        _x_plane(x_ptr, wa, a_mask, 4), _x_plane(x_ptr, wa, a_mask, 5),
-        _x_plane(x_ptr, wa, a_mask, 6), _x_plane(x_ptr, wa, a_mask, 7),
-        _x_plane(x_ptr, wb, b_mask, 0), _x_plane(x_ptr, wb, b_mask, 1),
-        _x_plane(x_ptr, wb, b_mask, 2), _x_plane(x_ptr, wb, b_mask, 3),
-        _x_plane(x_ptr, wb, b_mask, 4), _x_plane(x_ptr, wb, b_mask, 5),
-        _x_plane(x_ptr, wb, b_mask, 6), _x_plane(x_ptr, wb, b_mask, 7),
-    )  # fmt: skip
-
-
-@triton.jit
 def _pair_loads(
     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
     w_desc, row_tma, up_tma,
@@ -150,16 +113,21 @@ def _pair_loads(
     BW: tl.constexpr = BLOCK_K // 8
     WG: tl.constexpr = GROUP // 8
     HALF: tl.constexpr = BW // 2 if BLOCK_K <= GROUP else WG // 2
-    wa, wb, a_mask, b_mask = _pair_cols(
-        offs_i, k0, k_hi, GROUP, BLOCK_K, EVEN, PREFETCH
-    )
+    wa = tl.multiple_of(k0 // 8, BW) + (offs_i // HALF) * (2 * HALF) + offs_i % HALF
+    wb = wa + HALF
     row_mask = n_mask[:, None]
     if PREFETCH:
         row_mask = row_mask & (k0 < k_hi)
     if EVEN:
+        a_mask = offs_i < BW // 2
+        if PREFETCH:
+            a_mask = a_mask & (k0 < k_hi)
+        b_mask = a_mask
         wa_mask = row_mask
         wb_mask = row_mask
     else:
+        a_mask = wa < k_hi // 8
+        b_mask = wb < k_hi // 8
         wa_mask = row_mask & a_mask[None, :]
         wb_mask = row_mask & b_mask[None, :]
     if BLOCK_K <= GROUP:  # one group per step
@@ -190,11 +158,16 @@ def _pair_loads(
                 w_e + up_rows * stride_wn + wb[None, :], mask=wb_mask, other=0
             )
         s_up, z_up = _group_params(s_e, z_e, up_rows, g_col, s_mask, stride_sn, HAS_ZP)
-    (a0, a1, a2, a3, a4, a5, a6, a7,
-     b0, b1, b2, b3, b4, b5, b6, b7) = _pair_planes(x_ptr, wa, wb, a_mask, b_mask)  # fmt: skip
     return (
         words_a, words_b, up_a, up_b, s, s_up, z, z_up,
-        a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+        _x_plane(x_ptr, wa, a_mask, 0), _x_plane(x_ptr, wa, a_mask, 1),
+        _x_plane(x_ptr, wa, a_mask, 2), _x_plane(x_ptr, wa, a_mask, 3),
+        _x_plane(x_ptr, wa, a_mask, 4), _x_plane(x_ptr, wa, a_mask, 5),
+        _x_plane(x_ptr, wa, a_mask, 6), _x_plane(x_ptr, wa, a_mask, 7),
+        _x_plane(x_ptr, wb, b_mask, 0), _x_plane(x_ptr, wb, b_mask, 1),
+        _x_plane(x_ptr, wb, b_mask, 2), _x_plane(x_ptr, wb, b_mask, 3),
+        _x_plane(x_ptr, wb, b_mask, 4), _x_plane(x_ptr, wb, b_mask, 5),
+        _x_plane(x_ptr, wb, b_mask, 6), _x_plane(x_ptr, wb, b_mask, 7),
     )  # fmt: skip
 
 

@@ -316,16 +316,14 @@ def launch_gemv(
     gated: bool,
     tiles: GemvTiles,
     split: int = 1,
-    blocks: BlockAlignment | None = None,
 ) -> None:
     """Launch the decode GEMV writing ``out`` ``(N, n)``.
 
     With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
     16-bit weights: ``_moe_gemv16_kernel``. int4: with ``tiles.words`` and
     ``int4_words_fit`` ``_moe_gemv_pairs_kernel`` (``tiles.paired``, groups of two
-    words or more; with ``blocks``, the pairs aligned in blocks of ``tiles.tokens``,
-    the expert-major ``_moe_gemv_blocks_kernel``) or ``_moe_gemv_words_kernel``, else
-    the byte kernel ``_moe_gemv_kernel``.
+    words or more) or ``_moe_gemv_words_kernel``, else the byte kernel
+    ``_moe_gemv_kernel``.
     """
     assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
     k = int(a_MK.shape[1])
@@ -382,12 +380,6 @@ def launch_gemv(
             _moe_gemv_words_kernel[grid](*head, *tail, **launch)
             return
         desc = _words_descriptor(words, tiles) if tma else None
-        if blocks is not None and paired:
-            _launch_gemv_blocks(
-                a_MK, words, b, zero, out, blocks, desc, common, tail, launch,
-                grid=(blocks.max_blocks, *grid[1:]), tma=tma,
-            )  # fmt: skip
-            return
         _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel
@@ -403,33 +395,6 @@ def launch_gemv(
         b.data.stride(0), b.data.stride(1), b.scale.stride(0), b.scale.stride(1),
         *out_strides, NG=ng, PREFETCH=tiles.prefetch,
         LOOP_STAGES=gemv_loop_stages(tiles, tma=False), **meta,
-    )  # fmt: skip
-
-
-def _launch_gemv_blocks(
-    a_MK: torch.Tensor,
-    words: torch.Tensor,
-    b: ExpertMatrix,
-    zero: torch.Tensor,
-    out: torch.Tensor,
-    blocks: BlockAlignment,
-    desc: object,
-    common: tuple[object, ...],
-    tail: tuple[object, ...],
-    launch: dict[str, object],
-    *,
-    grid: tuple[int, int, int],
-    tma: bool,
-) -> None:
-    """``_moe_gemv_blocks_kernel``: the paired GEMV over ``blocks``' row blocks."""
-    from backends.triton._kernels_gemv_blocks import _moe_gemv_blocks_kernel
-
-    assert blocks.block_m in (1, 2, 4), blocks.block_m
-    meta = {k: v for k, v in launch.items() if k != "PREFETCH"}
-    _moe_gemv_blocks_kernel[grid](
-        a_MK, words, b.scale, zero, out, blocks.sorted_pairs, blocks.block_expert,
-        blocks.block_rows, *common[1:3], desc, *tail, TMA=tma, TOKENS=blocks.block_m,
-        **meta,
     )  # fmt: skip
 
 
