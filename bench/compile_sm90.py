@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.triton._kernels_gemv import _moe_gemv_kernel
 from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
-from backends.triton._kernels_gemv_topk import _moe_gemv_topk_kernel
 from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -52,8 +51,6 @@ VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
     ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1, None),
     ("paired 8x512 tma 3", _moe_gemv_pairs_kernel, 8, False, 1, 3),
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
-    ("topk 16x512 tma 3", _moe_gemv_topk_kernel, 16, False, 1, 3),
-    ("topk 8x512 tma 3", _moe_gemv_topk_kernel, 8, False, 1, 3),
 ]
 GROUP = 128
 
@@ -77,7 +74,7 @@ def compile_gemv(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
         "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
-        "TMA": tma is not None, "TOP_K": 8, "WEIGHTED": True,
+        "TMA": tma is not None,
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
@@ -146,7 +143,7 @@ def describe(compiled: Any) -> str:
 def main() -> None:
     """One line per variant and projection."""
     for label, kernel, block_n, prefetch, warps, tma in VARIANTS:
-        for gated in (False,) if kernel is _moe_gemv_topk_kernel else (True, False):
+        for gated in (True, False):
             compiled = compile_gemv(
                 kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
                 tma=tma,

@@ -55,7 +55,6 @@ from bench_gpu import (
 from backends.triton._configs import (
     GEMV_FEW,
     GEMV_PAIRED,
-    GEMV_PAIRED_FEW,
     SIXTEEN_BIT_MIN_PAIRS,
     GemmTiles,
     GemvTiles,
@@ -185,33 +184,6 @@ def w2_split_variants() -> dict[str, GemvTiles]:
     return out
 
 
-def topk_variants() -> dict[str, GemvTiles]:
-    """``SWEEP_WORDS=11``: the token-major w2 GEMV (``GemvTiles.topk_fused``).
-
-    ``GEMV_PAIRED`` as it is, then with its w2 token-major on TMA tiles of 16, 8 or 4
-    rows (3 stages; 8 rows also 4 stages), ``GEMV_PAIRED_FEW`` as it is and with the
-    8-row token-major w2; then the table's again (run-to-run noise).
-    """
-    table = GEMV_PAIRED
-    w2 = table.w2_tiles
-    assert w2 is not None
-    out = {"paired": table}
-    for rows, stages in ((16, 3), (8, 3), (4, 3), (8, 4)):
-        out[f"topk w2 {rows} st{stages}"] = attrs.evolve(
-            table,
-            w2_tiles=attrs.evolve(
-                w2, block_n=rows, loop_stages=stages, topk_fused=True
-            ),
-        )
-    out["few"] = GEMV_PAIRED_FEW
-    out["few, topk w2 8"] = attrs.evolve(
-        GEMV_PAIRED_FEW,
-        w2_tiles=attrs.evolve(w2, block_n=8, topk_fused=True),
-    )
-    out["paired again"] = table
-    return out
-
-
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -256,11 +228,6 @@ def variants(
             word_set = []
             for name, gt in WORD_GEMV_PER_MATRIX.items():
                 out_w[f"words {name}"] = {"gemv_tiles": gt, "path": "gemv"}
-        if os.environ.get("SWEEP_WORDS") == "11":
-            return out_w | {
-                f"words {name}": {"gemv_tiles": gt, "path": "gemv"}
-                for name, gt in topk_variants().items()
-            }
         if os.environ.get("SWEEP_WORDS") == "9":
             return {
                 f"words {name}": {"gemv_tiles": gt, "path": "gemv"}

@@ -92,11 +92,6 @@ class GemvTiles:
             the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
         w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
             ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
-        topk_fused: the w2 GEMV runs token-major (``_kernels_gemv_topk.py``): one
-            program per token and row tile sums the token's top-k pairs, so there
-            are no per-pair partials, no K split and no top-k launch. Read from the
-            w2 GEMV's tiles, where its weights allow the paired kernel
-            (``topk_fits``); elsewhere the pair-major w2 and the top-k sum run.
     """
 
     block_n: int
@@ -112,7 +107,6 @@ class GemvTiles:
     pdl: bool = False
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
-    topk_fused: bool = False
 
 
 @attrs.frozen(kw_only=True)

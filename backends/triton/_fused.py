@@ -39,11 +39,9 @@ from backends.triton._launch import (
     is_interpreting,
     launch_gemm,
     launch_gemv,
-    launch_gemv_topk,
     permute_k,
     permuted_width,
     reduce_topk,
-    topk_fits,
 )
 from core.config import MoEConfig
 from core.errors import DTypeError
@@ -162,12 +160,6 @@ def _gemv_moe(
         tiles=chosen,
     )  # fmt: skip
     tiles2 = chosen.w2_tiles or chosen
-    if tiles2.topk_fused and topk_fits(w2):
-        out_TD = torch.empty(x_TD.shape[0], d, dtype=dtype, device=x_TD.device)
-        launch_gemv_topk(
-            inter_NF, w2, out_TD, routing=routing, config=config, tiles=tiles2
-        )
-        return out_TD.to(x_TD.dtype)
     split = gemv_w2_split(chosen, num_pairs, d, f)
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)

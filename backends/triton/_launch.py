@@ -398,55 +398,6 @@ def launch_gemv(
     )  # fmt: skip
 
 
-def launch_gemv_topk(
-    a_MK: torch.Tensor,
-    b: ExpertMatrix,
-    out_TD: torch.Tensor,
-    *,
-    routing: Routing,
-    config: MoEConfig,
-    tiles: GemvTiles,
-) -> None:
-    """Launch the token-major w2 GEMV (``GemvTiles.topk_fused``) writing ``out_TD``.
-
-    ``a_MK`` is the ``(N, F)`` intermediate, one row per routed pair; each program sums
-    its token's ``top_k`` pairs (router-weighted unless the weight was applied on the
-    input). Needs ``topk_fits``.
-    """
-    from backends.triton._kernels_gemv_topk import _moe_gemv_topk_kernel
-
-    assert topk_fits(b), "the token-major w2 GEMV needs whole words, groups >= 16"
-    assert b.scale is not None
-    t, top_k = routing.topk_ids.shape
-    n, k = int(out_TD.shape[1]), int(a_MK.shape[1])
-    words = b.data.view(torch.int32)
-    zero = b.zero_point if b.zero_point is not None else b.scale
-    bias = b.bias if b.bias is not None else b.data
-    tma = tiles.tma and tma_target(a_MK) and tma_fit(b, tiles)
-    pdl = tiles.pdl and pdl_target(a_MK)
-    desc = _words_descriptor(words, tiles) if tma else None
-    _moe_gemv_topk_kernel[(t, ceil_div(n, tiles.block_n))](
-        a_MK, words, b.scale, zero, out_TD, routing.topk_ids, routing.topk_weights,
-        bias, desc, n, k, a_MK.stride(0), words.stride(0), words.stride(1),
-        b.scale.stride(0), b.scale.stride(1), out_TD.stride(0), bias.stride(0),
-        TOP_K=top_k, WEIGHTED=not config.apply_router_weight_on_input,
-        GROUP=b.group_size, HAS_ZP=b.zero_point is not None,
-        HAS_BIAS=b.bias is not None, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        EVEN=k % tiles.block_k == 0, LOOP_STAGES=gemv_loop_stages(tiles, tma=tma),
-        ASM=_ptx_target(a_MK), PDL_WAIT=pdl, TMA=tma, num_warps=tiles.num_warps,
-        **_pdl_launch(on=pdl),
-    )  # fmt: skip
-
-
-def topk_fits(b: ExpertMatrix) -> bool:
-    """Whether the token-major w2 GEMV (``launch_gemv_topk``) can read ``b``.
-
-    int4 of whole aligned words (``int4_words_fit``) in groups of two words or more
-    (the paired kernel's math).
-    """
-    return b.is_int4 and int4_words_fit(b) and b.group_size >= 16
-
-
 def _gemv_meta(
     tiles: GemvTiles,
     *,

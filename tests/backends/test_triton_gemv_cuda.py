@@ -38,23 +38,12 @@ KERNELS = {
         pdl=True,
     ),
     "bulk": configs.GEMV_PAIRED,
-    "topk": attrs.evolve(
-        configs.GEMV_PAIRED,
-        w2_tiles=attrs.evolve(
-            configs.GEMV_PAIRED_FEW,
-            prefetch=False,
-            tma=True,
-            loop_stages=3,
-            topk_fused=True,
-        ),
-    ),
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
 at the tile of the table before the paired one; paired: ``GEMV_PAIRED`` before TMA
 reads; pdl: ``GEMV_PAIRED_FEW``, with programmatic dependent launch; bulk:
-``GEMV_PAIRED``, TMA (bulk tensor copy) reads, w2 on its own tiles; topk: the same w13,
-the token-major w2 GEMV summing each token's top-k pairs, ``GemvTiles.topk_fused``, on
-8-row TMA tiles). The keys are ``-k`` selectors of bench/gpu_session.sh's jobs."""
+``GEMV_PAIRED``, TMA (bulk tensor copy) reads, w2 on its own tiles). The keys are
+``-k`` selectors of bench/gpu_session.sh's jobs."""
 
 
 def _check(
@@ -209,7 +198,7 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
 )
-@pytest.mark.parametrize("kernel", ["words", "paired", "bulk", "topk"])
+@pytest.mark.parametrize("kernel", ["words", "paired", "bulk"])
 def test_word_gemv_inputs_of_any_magnitude(
     shape: str, scheme: Int4Scheme, kernel: str
 ) -> None:
