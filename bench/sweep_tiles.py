@@ -184,32 +184,6 @@ def w2_split_variants() -> dict[str, GemvTiles]:
     return out
 
 
-def quad_variants() -> dict[str, GemvTiles]:
-    """``SWEEP_WORDS=12``: four words of a group per float16 chain (``GemvTiles.quads``).
-
-    ``GEMV_PAIRED``, then 1024-column steps: quads on w13 (8 or 4 rows) with the
-    table's w2, quads on both (w2 on 8 or 16 rows), and the paired kernel on 8 x 1024
-    (is it the step or the chain?); then the table's again (run-to-run noise).
-    """
-    table = GEMV_PAIRED
-    w2 = table.w2_tiles
-    assert w2 is not None
-    q13 = attrs.evolve(table, block_k=1024, quads=True)
-    return {
-        "paired": table,
-        "quads w13 8x1024": q13,
-        "quads w13 4x1024": attrs.evolve(q13, block_n=4),
-        "quads both, w2 8x1024": attrs.evolve(
-            q13, w2_tiles=attrs.evolve(w2, block_n=8, block_k=1024, quads=True)
-        ),
-        "quads both, w2 16x1024": attrs.evolve(
-            q13, w2_tiles=attrs.evolve(w2, block_k=1024, quads=True)
-        ),
-        "paired 8x1024": attrs.evolve(table, block_k=1024),
-        "paired again": table,
-    }
-
-
 EMULATION_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages, group_m)
     (128, 128, 128, 64, 8, 3, 8), (128, 128, 256, 64, 8, 3, 8), (128, 128, 128, 64, 8, 4, 8),
     (128, 128, 256, 64, 8, 4, 8), (256, 128, 128, 64, 8, 3, 8), (128, 128, 128, 32, 8, 5, 8),
@@ -254,11 +228,6 @@ def variants(
             word_set = []
             for name, gt in WORD_GEMV_PER_MATRIX.items():
                 out_w[f"words {name}"] = {"gemv_tiles": gt, "path": "gemv"}
-        if os.environ.get("SWEEP_WORDS") == "12":
-            return out_w | {
-                f"words {name}": {"gemv_tiles": gt, "path": "gemv"}
-                for name, gt in quad_variants().items()
-            }
         if os.environ.get("SWEEP_WORDS") == "9":
             return {
                 f"words {name}": {"gemv_tiles": gt, "path": "gemv"}

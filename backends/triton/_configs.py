@@ -92,9 +92,6 @@ class GemvTiles:
             the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
         w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
             ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
-        quads: with ``paired``, sum four words of one group per float16 chain
-            (``_kernels_gemv_quads.py``) where groups hold four words or more
-            (``G >= 32``); ``prefetch`` does not apply there.
     """
 
     block_n: int
@@ -110,7 +107,6 @@ class GemvTiles:
     pdl: bool = False
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
-    quads: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -380,12 +380,6 @@ def launch_gemv(
             _moe_gemv_words_kernel[grid](*head, *tail, **launch)
             return
         desc = _words_descriptor(words, tiles) if tma else None
-        if tiles.quads and b.group_size >= 32:  # four words a group
-            from backends.triton._kernels_gemv_quads import _moe_gemv_quads_kernel
-
-            del launch["PREFETCH"]
-            _moe_gemv_quads_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
-            return
         _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
         return
     from backends.triton._kernels_gemv import _moe_gemv_kernel
