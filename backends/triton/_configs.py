@@ -38,6 +38,12 @@ class GemmTiles:
             Taken where ``K % 8 == 0`` and the group size is a multiple of 8;
             needs ``swap_ab`` (Triton 3.6 fails to compile the unswapped tile:
             "Illegal shared layout" in its dot-operand pass).
+        mma: with ``int4_words``: run the Gluon kernel ``_kernels_mma.py`` instead,
+            whose threads load the words of their own ``mma.sync`` A fragments and
+            feed the dequantized codes to the tensor cores from registers. CUDA
+            sm_80+ only (``mma_target``); elsewhere, and for row blocks other than 8,
+            16 or 32, the Triton word kernel runs with the same tiles. Needs
+            ``block_k`` 128 and ``block_n`` a multiple of ``16 * num_warps``.
     """
 
     block_n: int
@@ -49,8 +55,18 @@ class GemmTiles:
     nibble_halves: bool = False
     group_m: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     int4_words: bool = False
+    mma: bool = False
 
     def __attrs_post_init__(self) -> None:
+        if self.mma and not self.int4_words:
+            raise ValueError("GemmTiles: mma needs int4_words=True")
+        if self.mma and (self.block_k != 128 or self.block_n % (16 * self.num_warps)):
+            msg = (
+                "GemmTiles: mma needs block_k 128 and block_n a multiple of "
+                f"16 * num_warps = {16 * self.num_warps}, got block_k {self.block_k}, "
+                f"block_n {self.block_n}"
+            )
+            raise ValueError(msg)
         if self.int4_words and self.nibble_halves:
             raise ValueError(
                 "GemmTiles: int4_words and nibble_halves are two dequantization "
@@ -333,12 +349,15 @@ def choose_tiles(
     hidden_size: int,
     intermediate_size: int,
     sixteen_bit: bool = False,
+    mma: bool = False,
 ) -> MoETiles:
     """Tiles for one forward; pure over the (host-known) sizes, so cached per sizes.
 
     ``sixteen_bit``: the GEMMs read 16-bit weights (triton-emulation, or the dequant
     path's scratch) and take ``sixteen_bit_tiles``; int4 weights take
-    ``int4_tiles``.
+    ``int4_tiles``. ``mma``: the Gluon MMA kernel can run (``GemmTiles.mma``: a CUDA
+    sm_80+ device and weights of whole int32 words), so the int4 decode row takes
+    ``MMA_TILES``.
     """
     per_expert = -(-num_pairs // num_experts)
     if sixteen_bit:
@@ -346,7 +365,7 @@ def choose_tiles(
             num_pairs, num_experts, per_expert, hidden_size, intermediate_size
         )
     return int4_tiles(
-        num_pairs, num_experts, per_expert, hidden_size, intermediate_size
+        num_pairs, num_experts, per_expert, hidden_size, intermediate_size, mma=mma
     )
 
 
@@ -357,8 +376,22 @@ INT4_LARGE_EXPERT: Final = 1 << 22
 experts average more than 8 pairs (``int4_tiles``)."""
 
 
+MMA_TILES: Final = GemmTiles(
+    block_n=128, block_k=128, num_warps=4, swap_ab=True, int4_words=True, mma=True
+)
+"""The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``)."""
+MMA_SMALL_BLOCK: Final = 8
+"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES``."""
+
+
 def int4_tiles(
-    num_pairs: int, num_experts: int, per_expert: int, hidden: int, inter: int
+    num_pairs: int,
+    num_experts: int,
+    per_expert: int,
+    hidden: int,
+    inter: int,
+    *,
+    mma: bool = False,
 ) -> MoETiles:
     """The in-register int4 GEMM; the dequantized tile is the dot's register operand.
 
@@ -376,7 +409,23 @@ def int4_tiles(
     0.650), where 32-row blocks of words take 0.518 (Qwen3-235B M = 256: 0.878 vs
     1.024; but Qwen3-30B M = 256: 0.417 vs 0.288, hence ``INT4_LARGE_EXPERT``); at
     prefill words lost (DeepSeek-V3 M = 1024 6.20 vs 5.40).
+
+    With ``mma`` the decode row runs the Gluon kernel (``MMA_TILES``, 128 x 128, 4
+    warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert, else 16, with
+    the same w2 split; ``bench/probe_mma.py`` (bench/sweeps/probe_mma2_h200.log,
+    graph replay, ms): DeepSeek-V3 M = 64 2.06 vs 2.82, Qwen3-235B M = 64 0.52 vs
+    0.70, Mixtral M = 16 0.36 vs 0.47 and M = 64 0.46 vs 0.52, Qwen3-30B-A3B M = 64
+    0.14 vs 0.21; M = 256 of the 128- and 256-expert models 0.24 vs 0.29 (Qwen3-30B),
+    0.78 vs 0.88 (Qwen3-235B, which took 32-row blocks), 2.70 vs 3.27 (DeepSeek-V3).
     """
+    if per_expert <= INT4_FEW_PER_EXPERT and mma:
+        w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
+        split = split_for(w2_out, inter, 128)
+        return MoETiles(
+            block_m=MMA_SMALL_BLOCK if per_expert <= MMA_SMALL_BLOCK else 16,
+            w13=MMA_TILES,
+            w2=attrs.evolve(MMA_TILES, split_k=split),
+        )
     if per_expert <= INT4_FEW_PER_EXPERT:
         tiles = GemmTiles(
             block_n=64, block_k=128, num_warps=4, num_stages=4, swap_ab=True,

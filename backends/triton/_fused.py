@@ -39,6 +39,7 @@ from backends.triton._launch import (
     is_interpreting,
     launch_gemm,
     launch_gemv,
+    mma_target,
     permute_k,
     permuted_width,
     reduce_topk,
@@ -91,15 +92,22 @@ def pick_tiles(
     """The tile table's entry for these sizes (small tiles in the interpreter).
 
     The GEMMs read 16-bit weights for triton-emulation and on the ``dequant`` path.
+    The int4 decode row takes the Gluon MMA kernel where it runs (``mma_target``)
+    on weights of whole int32 words (``int4_words_fit``).
     """
     if is_interpreting():
         return configs.INTERPRETER
+    sixteen_bit = dequant or not w13.is_int4
     return choose_tiles(
         num_pairs=num_pairs,
         num_experts=int(w13.data.shape[0]),
         hidden_size=int(w2.data.shape[1]),
         intermediate_size=int(w13.data.shape[1]) // 2,
-        sixteen_bit=dequant or not w13.is_int4,
+        sixteen_bit=sixteen_bit,
+        mma=not sixteen_bit
+        and mma_target(w13.data)
+        and int4_words_fit(w13)
+        and int4_words_fit(w2),
     )
 
 

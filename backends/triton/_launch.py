@@ -217,6 +217,22 @@ def launch_gemm(
         group = max(k, tiles.block_k)  # (BLOCK_K // GROUP would be 0 for K < BLOCK_K)
     words = tiles.int4_words and int4_words_fit(b)
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
+    mma = tiles.mma and words and mma_target(a_MK) and align.block_m in MMA_BLOCK_M
+    if tiles.mma and not mma and align.block_m < 16:
+        msg = (
+            f"GemmTiles.mma with {align.block_m}-row blocks needs the Gluon kernel "
+            "(the Triton kernels' dots take >= 16 rows): a CUDA sm_80+ device and "
+            f"int4 weights of whole int32 words; got a {a_MK.device.type} tensor, "
+            f"words {'fit' if words else 'do not fit'}"
+        )
+        raise ValueError(msg)
+    if mma:
+        _launch_gemm_mma(
+            a_MK, b, out, align, tiles, n=n, k=k, k_per_split=k_per_split,
+            group=group, grid=grid, routing=routing, config=config, gated=gated,
+            experts=experts,
+        )  # fmt: skip
+        return
     _moe_gemm_kernel[grid](
         a_MK,
         b.data,
@@ -264,6 +280,133 @@ def launch_gemm(
         HAS_BIAS=b.bias is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+    )
+
+
+MMA_BLOCK_M = (8, 16, 32)
+"""Row blocks (tokens of the MMA's N) the Gluon kernel takes (``GemmTiles.mma``)."""
+
+
+def mma_target(a: torch.Tensor) -> bool:
+    """Whether the Gluon MMA kernel runs for inputs on ``a``'s device: CUDA sm_80+."""
+    return (
+        a.device.type == "cuda"
+        and torch.version.hip is None
+        and not is_interpreting()
+        and _capability(a.device) >= 8
+    )
+
+
+@functools.cache
+def mma_layouts(
+    block_n: int, block_m: int, warps: int
+) -> tuple[object, object, object]:
+    """Register layouts of the Gluon kernel: words, activation, accumulator.
+
+    Words ``(block_n, 16)`` int32 of a 128-column step: lane ``4g + c`` holds words
+    ``4c .. 4c+3`` (registers) of rows ``g``, ``g + 8`` (a register) and the warp's
+    and further repeats' rows. Activation ``(block_m, 128)``: lane ``4g + c`` holds
+    columns ``32c .. 32c+31`` of tokens ``g`` (and ``g + 8``, ... in registers), the
+    same in every warp. Accumulator: ``mma.sync`` m16n8 tiles, warps along the rows.
+    See ``_kernels_mma.py`` for why.
+    """
+    from triton.experimental.gluon import language as gl
+
+    def powers(first: int, count: int, dim: int) -> list[list[int]]:
+        return [[first << j, 0] if dim == 0 else [0, first << j] for j in range(count)]
+
+    warp_bits = warps.bit_length() - 1
+    row_reps = (block_n // (16 * warps)).bit_length() - 1
+    words = gl.DistributedLinearLayout(
+        reg_bases=[*powers(1, 2, 1), [8, 0], *powers(16 * warps, row_reps, 0)],
+        lane_bases=powers(4, 2, 1) + powers(1, 3, 0),
+        warp_bases=powers(16, warp_bits, 0),
+        block_bases=[],
+        shape=[block_n, 16],
+    )
+    token_reps = (block_m // 8).bit_length() - 1
+    x = gl.DistributedLinearLayout(
+        reg_bases=powers(1, 5, 1) + powers(8, token_reps, 0),
+        lane_bases=powers(32, 2, 1) + powers(1, 3, 0),
+        warp_bases=[[0, 0]] * warp_bits,
+        block_bases=[],
+        shape=[block_m, 128],
+    )
+    acc = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[warps, 1], instr_shape=[16, 8]
+    )
+    return words, x, acc
+
+
+def _launch_gemm_mma(
+    a_MK: torch.Tensor,
+    b: ExpertMatrix,
+    out: torch.Tensor,
+    align: BlockAlignment,
+    tiles: GemmTiles,
+    *,
+    n: int,
+    k: int,
+    k_per_split: int,
+    group: int,
+    grid: tuple[int, int, int],
+    routing: Routing,
+    config: MoEConfig,
+    gated: bool,
+    experts: tuple[int, int],
+) -> None:
+    """``launch_gemm`` by the Gluon kernel (``GemmTiles.mma``); same arguments."""
+    from backends.triton._kernels_mma import _moe_gemm_mma_kernel
+
+    scale = b.scale if b.scale is not None else b.data
+    zero = b.zero_point if b.zero_point is not None else scale
+    bias = b.bias if b.bias is not None else scale
+    w_layout, x_layout, acc_layout = mma_layouts(
+        tiles.block_n, align.block_m, tiles.num_warps
+    )
+    lo, hi = experts
+    _moe_gemm_mma_kernel[grid](
+        a_MK,
+        b.data,
+        scale,
+        zero,
+        out,
+        align.sorted_pairs,
+        align.block_expert,
+        align.block_rows,
+        routing.topk_weights,
+        bias,
+        n,
+        k,
+        k // 8,
+        k_per_split,
+        float(config.swiglu_alpha),
+        float(config.swiglu_limit),
+        lo,
+        hi,
+        a_MK.stride(0),
+        b.data.stride(0),
+        b.data.stride(1),
+        scale.stride(0),
+        scale.stride(1),
+        out.stride(0) if out.ndim == 3 else 0,
+        out.stride(-2),
+        bias.stride(0),
+        A_DIV=routing.top_k if gated else 1,
+        GROUP=group,
+        HAS_ZP=b.zero_point is not None,
+        GATED=gated,
+        ACT=_ACTIVATION_CODE[config.activation],
+        WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
+        CT=_operand_dtype(a_MK.dtype),
+        BLOCK_M=align.block_m,
+        BLOCK_N=tiles.block_n,
+        HAS_BIAS=b.bias is not None,
+        POST_SCALE=group >= tiles.block_k,
+        W_LAYOUT=w_layout,
+        X_LAYOUT=x_layout,
+        ACC_LAYOUT=acc_layout,
+        num_warps=tiles.num_warps,
     )
 
 

@@ -97,6 +97,29 @@ def test_int4_tiles_rule() -> None:
     assert tiles(2048, 128).w13.group_m == 0
 
 
+def test_int4_tiles_rule_with_the_mma_kernel() -> None:
+    """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 8
+    pairs per expert, then 16; the prefill rows stay."""
+
+    def tiles(pairs: int, experts: int) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=experts, hidden_size=7168,
+            intermediate_size=2048, mma=True,
+        )  # fmt: skip
+
+    assert tiles(512, 256).w13 == configs.MMA_TILES  # 2 per expert
+    assert tiles(512, 256).block_m == 8
+    assert tiles(2048, 256).block_m == 8  # 8 per expert
+    assert tiles(2048, 128).block_m == 16  # 16 per expert
+    assert tiles(2048, 128).w2.mma
+    assert tiles(2, 8).w2.split_k > 1
+    assert not tiles(2049, 128).w13.mma  # 17 per expert: nibble halves
+    assert not configs.choose_tiles(
+        num_pairs=512, num_experts=256, hidden_size=7168, intermediate_size=2048,
+        sixteen_bit=True, mma=True,
+    ).w13.mma  # fmt: skip
+
+
 def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
     with pytest.raises(ValueError, match="at most one"):
         GemmTiles(
@@ -104,6 +127,18 @@ def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
         )
     with pytest.raises(ValueError, match="needs swap_ab"):
         GemmTiles(block_n=32, block_k=64, int4_words=True)
+
+
+def test_gemm_tiles_mma_needs_words_and_its_tile_shape() -> None:
+    with pytest.raises(ValueError, match="mma needs int4_words"):
+        GemmTiles(block_n=64, block_k=128, swap_ab=True, mma=True)
+    with pytest.raises(ValueError, match=r"block_k 128 .* got block_k 64"):
+        GemmTiles(block_n=64, block_k=64, swap_ab=True, int4_words=True, mma=True)
+    with pytest.raises(ValueError, match=r"16 \* num_warps = 128, .* block_n 64"):
+        GemmTiles(
+            block_n=64, block_k=128, num_warps=8, swap_ab=True, int4_words=True,
+            mma=True,
+        )  # fmt: skip
 
 
 def test_int4_words_fit_needs_whole_aligned_words() -> None:

@@ -263,6 +263,10 @@ GEMM_VARIANTS = {
     # int32 words: w13 K = 96 in steps of 64 (a masked tail; 2 groups of 32 per step)
     "words-swap": _gemm_tiles(swap=True, words=True),
     "words-swap-w2-chunk-64": _gemm_tiles(32, 64, swap=True, words=True),
+    # the Gluon kernel's tiles: off CUDA the Triton word kernel runs them
+    "mma-fallback": MoETiles(
+        block_m=16, w13=configs.MMA_TILES, w2=attrs.evolve(configs.MMA_TILES, split_k=2)
+    ),
 }
 
 
@@ -274,6 +278,17 @@ def test_gemm_operand_variants_match_oracle(
     """Swapped operands, nibble halves (K-permuted inputs, D = 96 a partial chunk) and
     int32 words (shift-and-convert dequantization; the inline PTX runs on the GPU)."""
     run_path("gemm", case, 5, generator, tiles=tiles)
+
+
+def test_mma_tiles_with_8_row_blocks_need_the_gluon_kernel(
+    generator: torch.Generator,
+) -> None:
+    """The Triton kernels cannot take 8-row blocks: off CUDA that is an error, not a
+    Triton compile failure."""
+    tiles = MoETiles(block_m=8, w13=configs.MMA_TILES, w2=configs.MMA_TILES)
+    case: PathCase = (SCHEMES[0], "silu", torch.bfloat16, 2, False)
+    with pytest.raises(ValueError, match=r"GemmTiles.mma with 8-row blocks .* cpu"):
+        run_path("gemm", case, 5, generator, tiles=tiles)
 
 
 def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) -> None:

@@ -1,0 +1,418 @@
+"""Gluon kernel of the decode GEMM: int4 words dequantized into the MMA's register operand.
+
+``_moe_gemm_mma_kernel`` computes what ``_moe_gemm_kernel`` computes with swapped
+operands and int32 words (same arguments, same outputs), but is written in Triton's
+Gluon dialect, where every tensor's register layout is stated. The point: each
+thread loads exactly the words whose codes it holds in the tensor-core instruction's
+A fragment (``mma.sync`` m16n8k16), so the dequantized tile feeds the MMA straight
+from registers, with no trip through shared memory.
+
+How the canonical words map onto the fragment, for one 128-column step of a row: the
+row's 16 words are ``kw = 4c + r``, thread lane ``4g + c`` loads words ``4c .. 4c+3``
+(one 16-byte load) of rows ``g`` and ``g + 8``. Word ``kw`` holds real columns
+``8kw + j`` in nibble ``j = i + 4h`` (``i`` = ``i0 + 2 i1``). The MMA sums over a
+*logical* K, and any order of K works if the activation follows the same order, so
+real column ``32c + 8r + 4h + 2i1 + i0`` is placed at logical column
+``32r + 16i1 + 8i0 + 2c + h``: that is where lane ``c`` holds its A elements
+(``2c + {0, 1}`` and ``2c + 8 + {0, 1}`` of each 16-column slice), and the register
+pair ``h = 0, 1`` is one LOP3's float pair (nibbles ``i`` and ``i + 4``). The same
+thread's B fragment (the activation) is then real columns ``32c .. 32c+31`` of its
+tokens: one contiguous 64-byte read per token.
+
+The layouts are built on the host (``mma_layouts``) and passed as constexprs.
+Needs sm_80+ (``mma.sync`` and PTX ``lop3`` / ``fma.rn.bf16x2``); no interpreter.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+_WORD_ASM = """{
+.reg .b32 t1, t2, t3, c0, c1, c2, c3, s2, b2, one, nz;
+mov.b32 one, ONE;
+mov.b32 nz, 0x80008000;
+mov.b32 s2, {$9, $9};
+mov.b32 b2, {$10, $10};
+shr.u32 t1, $8, 4;
+shr.u32 t2, $8, 8;
+shr.u32 t3, $8, 12;
+lop3.b32 c0, $8, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c1, t1, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c2, t2, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c3, t3, 0x000f000f, MAGIC, 0xea;
+fma.rn.X2 c0, c0, one, b2;
+fma.rn.X2 c1, c1, one, b2;
+fma.rn.X2 c2, c2, one, b2;
+fma.rn.X2 c3, c3, one, b2;
+fma.rn.X2 c0, c0, s2, nz;
+fma.rn.X2 c1, c1, s2, nz;
+fma.rn.X2 c2, c2, s2, nz;
+fma.rn.X2 c3, c3, s2, nz;
+mov.b32 {$0, $4}, c0;
+mov.b32 {$1, $5}, c1;
+mov.b32 {$2, $6}, c2;
+mov.b32 {$3, $7}, c3;
+}"""
+_BF16_WORD_ASM = gl.constexpr(
+    _WORD_ASM.replace("MAGIC", "0x43004300")
+    .replace("ONE", "0x3f803f80")
+    .replace("X2", "bf16x2")
+)
+_FP16_WORD_ASM = gl.constexpr(
+    _WORD_ASM.replace("MAGIC", "0x64006400")
+    .replace("ONE", "0x3c003c00")
+    .replace("X2", "f16x2")
+)
+_CODES_ASM = """{
+.reg .b32 t1, t2, t3, c0, c1, c2, c3, b2, one;
+mov.b32 one, ONE;
+mov.b32 b2, {$9, $9};
+shr.u32 t1, $8, 4;
+shr.u32 t2, $8, 8;
+shr.u32 t3, $8, 12;
+lop3.b32 c0, $8, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c1, t1, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c2, t2, 0x000f000f, MAGIC, 0xea;
+lop3.b32 c3, t3, 0x000f000f, MAGIC, 0xea;
+fma.rn.X2 c0, c0, one, b2;
+fma.rn.X2 c1, c1, one, b2;
+fma.rn.X2 c2, c2, one, b2;
+fma.rn.X2 c3, c3, one, b2;
+mov.b32 {$0, $4}, c0;
+mov.b32 {$1, $5}, c1;
+mov.b32 {$2, $6}, c2;
+mov.b32 {$3, $7}, c3;
+}"""
+"""Eight codes of a word to ``q - z`` (exact small integers): ``_WORD_ASM`` without the
+scale, which ``POST_SCALE`` applies to the float32 product instead."""
+_BF16_CODES_ASM = gl.constexpr(
+    _CODES_ASM.replace("MAGIC", "0x43004300")
+    .replace("ONE", "0x3f803f80")
+    .replace("X2", "bf16x2")
+)
+_FP16_CODES_ASM = gl.constexpr(
+    _CODES_ASM.replace("MAGIC", "0x64006400")
+    .replace("ONE", "0x3c003c00")
+    .replace("X2", "f16x2")
+)
+
+
+@gluon.jit
+def _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N: gl.constexpr):
+    """Nibble planes ``p_j[n, kw]`` to the ``(BLOCK_N, 128)`` tile in logical K order."""
+    q0 = gl.join(p0, p4)  # [n, kw, h]
+    q1 = gl.join(p1, p5)
+    q2 = gl.join(p2, p6)
+    q3 = gl.join(p3, p7)
+    v = gl.join(gl.join(q0, q1), gl.join(q2, q3))  # [n, kw, h, i0, i1]
+    v = gl.reshape(v, [BLOCK_N, 4, 4, 2, 2, 2])  # [n, c, r, h, i0, i1]
+    v = gl.permute(v, [0, 2, 5, 4, 1, 3])  # [n, r, i1, i0, c, h]
+    return gl.reshape(v, [BLOCK_N, 128])
+
+
+@gluon.jit
+def _to_logical_b(x, BLOCK_M: gl.constexpr):
+    """Activation ``x[m, k]`` (real K order) to the ``(128, BLOCK_M)`` B tile, logical K."""
+    v = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # [m, c, r, h, i1, i0]
+    v = gl.permute(v, [2, 4, 5, 1, 3, 0])  # [r, i1, i0, c, h, m]
+    return gl.reshape(v, [128, BLOCK_M])
+
+
+@gluon.jit
+def _load_words(
+    w_e,
+    s_e,
+    z_e,
+    rows,
+    row_mask,
+    kw,
+    k0,
+    k_end,
+    stride_wn,
+    stride_sn,
+    GROUP: gl.constexpr,
+    HAS_ZP: gl.constexpr,
+    CT: gl.constexpr,
+    POST_SCALE: gl.constexpr,
+):
+    """Words, scales and bias ``-(MAGIC + z)`` of rows ``rows`` (``[BLOCK_N, 1]``) at ``k0``.
+
+    Nothing is read at or past ``k_end`` (the last step's loads of the next step are
+    masked off entirely). Scales and biases come in ``CT``, broadcast to the words;
+    with ``POST_SCALE`` no scales are read (``_row_scales`` reads them) and the
+    bias stands in for them.
+    """
+    offs_w = k0 // 8 + kw  # [1, 16]
+    mask = row_mask & (offs_w < k_end // 8)
+    words = gl.load(w_e + rows * stride_wn + offs_w, mask=mask, other=0)
+    if GROUP >= 128:  # one group per row and step
+        g_ptr = rows * stride_sn + k0 // GROUP
+        g_mask = row_mask & (k0 < k_end)
+    else:
+        g_ptr = rows * stride_sn + (k0 + 8 * kw) // GROUP
+        g_mask = mask
+    if HAS_ZP:
+        z = gl.load(z_e + g_ptr, mask=g_mask, other=0.0).to(gl.float32)
+    else:
+        z = gl.full(g_ptr.shape, 8.0, gl.float32, g_ptr.type.layout)
+    magic = 128.0 if CT == gl.bfloat16 else 1024.0  # noqa: SIM300 (CT is a constexpr)
+    bias = gl.broadcast((-(z + magic)).to(CT), words)[0]
+    if POST_SCALE:
+        s_b = bias
+    else:
+        s = gl.load(s_e + g_ptr, mask=g_mask, other=0.0)
+        s_b = gl.broadcast(s.to(CT), words)[0]
+    return words, s_b, bias
+
+
+@gluon.jit
+def _row_scales(s_e, rows, n_mask, k0, k_end, stride_sn, GROUP: gl.constexpr):
+    """Float32 scales ``[BLOCK_N, 1]`` of rows ``rows`` at step ``k0`` (one group a step)."""
+    g_ptr = rows * stride_sn + k0 // GROUP
+    s = gl.load(s_e + g_ptr, mask=n_mask & (k0 < k_end), other=0.0)
+    return gl.expand_dims(s.to(gl.float32), 1)
+
+
+@gluon.jit
+def _dequant(
+    words,
+    s_b,
+    bias,
+    CT: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    A_LAYOUT: gl.constexpr,
+    POST_SCALE: gl.constexpr,
+):
+    """The ``(BLOCK_N, 128)`` A operand: codes as ``(q - z) * s`` in ``CT``.
+
+    With ``POST_SCALE`` only ``q - z`` (exact); the kernel scales the product.
+    """
+    if POST_SCALE:
+        if CT == gl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
+            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+                _BF16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, bias],
+                dtype=(CT.value,) * 8, is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+                _FP16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, bias],
+                dtype=(CT.value,) * 8, is_pure=True, pack=1,
+            )  # fmt: skip
+    elif CT == gl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
+        p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+            _BF16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+            dtype=(CT.value,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+            _FP16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+            dtype=(CT.value,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
+    a = _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N)
+    return gl.convert_layout(a, A_LAYOUT)
+
+
+@gluon.jit
+def _activate(gate, up, alpha, limit, ACT: gl.constexpr):
+    """``act(gate) * up`` in float32; ACT 0 silu, 1 gelu, 2 gelu_tanh, 3 swigluoai."""
+    if ACT == 0:
+        out = gate / (1.0 + gl.exp(-gate)) * up
+    elif ACT == 1:
+        out = 0.5 * gate * (1.0 + gl.erf(gate * 0.7071067811865476)) * up
+    elif ACT == 2:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        tanh = 2.0 / (1.0 + gl.exp(-2.0 * inner)) - 1.0
+        out = 0.5 * gate * (1.0 + tanh) * up
+    else:
+        g = gl.minimum(gate, limit)
+        u = gl.minimum(gl.maximum(up, -limit), limit)
+        out = (u + 1.0) * g / (1.0 + gl.exp(-alpha * g))
+    return out
+
+
+@gluon.jit
+def _moe_gemm_mma_kernel(
+    # pointers
+    a_ptr,
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    c_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    block_rows_ptr,
+    topk_weights_ptr,
+    bias_ptr,
+    # sizes
+    N,
+    K,
+    k_words,
+    k_per_split,
+    alpha,
+    limit,
+    expert_lo,
+    expert_hi,
+    # strides
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_se,
+    stride_sn,
+    stride_cs,
+    stride_cm,
+    stride_bias,
+    # meta-parameters
+    A_DIV: gl.constexpr,
+    GROUP: gl.constexpr,
+    HAS_ZP: gl.constexpr,
+    GATED: gl.constexpr,
+    ACT: gl.constexpr,
+    WEIGHT_ROWS: gl.constexpr,
+    CT: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    POST_SCALE: gl.constexpr,
+    W_LAYOUT: gl.constexpr,
+    X_LAYOUT: gl.constexpr,
+    ACC_LAYOUT: gl.constexpr,
+):
+    """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
+
+    Columns tiles in row-block-fastest order (``GemmTiles.group_m`` 0); K steps of 128.
+    """
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
+    B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC_LAYOUT, 2)
+    pid = gl.program_id(0)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    blocks = gl.num_programs(0) // tiles_n
+    pid_b = pid % blocks
+    pid_n = pid // blocks
+    pid_s = gl.program_id(2)
+    e = gl.load(block_expert_ptr + pid_b)
+    if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk
+        return
+    n_rows = gl.load(block_rows_ptr + pid_b)
+    w_e = b_ptr.to(gl.pointer_type(gl.int32)) + (e - expert_lo).to(gl.int64) * (
+        stride_be // 4
+    )
+    s_e = scale_ptr + e.to(gl.int64) * stride_se
+    z_e = zero_ptr + e.to(gl.int64) * stride_se
+    stride_wn = stride_bn // 4
+
+    # weight rows and word columns, in the words layout
+    W_ROWS: gl.constexpr = gl.SliceLayout(1, W_LAYOUT)
+    W_COLS: gl.constexpr = gl.SliceLayout(0, W_LAYOUT)
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=W_ROWS)
+    rows = gl.expand_dims(offs_n.to(gl.int64), 1)
+    row_mask = gl.expand_dims(offs_n < N, 1)
+    kw = gl.expand_dims(gl.arange(0, 16, layout=W_COLS), 0)
+
+    # input rows and columns, in the activation layout
+    X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LAYOUT)
+    X_COLS: gl.constexpr = gl.SliceLayout(0, X_LAYOUT)
+    offs_mx = gl.arange(0, BLOCK_M, layout=X_ROWS)
+    pairs_x = gl.load(
+        sorted_ptr + pid_b * BLOCK_M + offs_mx, mask=offs_mx < n_rows, other=0
+    )
+    x_rows = gl.expand_dims((pairs_x // A_DIV).to(gl.int64) * stride_am, 1)
+    x_mask_m = gl.expand_dims(offs_mx < n_rows, 1)
+    offs_kx = gl.expand_dims(gl.arange(0, 128, layout=X_COLS), 0)
+
+    # accumulator rows (the epilogue's too)
+    C_ROWS: gl.constexpr = gl.SliceLayout(1, ACC_LAYOUT)
+    C_COLS: gl.constexpr = gl.SliceLayout(0, ACC_LAYOUT)
+    offs_nc = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=C_ROWS)
+    n_mask = offs_nc < N
+    rows_c = offs_nc.to(gl.int64)
+
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    k_start = pid_s * k_per_split
+    k_end = gl.minimum(k_start + k_per_split, K)
+    # each step loads the next step's words, scales and input before its own math
+    cols = k_start + offs_kx
+    x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
+    wd, s_b, bias = _load_words(
+        w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, stride_wn, stride_sn,
+        GROUP, HAS_ZP, CT, POST_SCALE,
+    )  # fmt: skip
+    sc = _row_scales(s_e, rows_c, n_mask, k_start, k_end, stride_sn, GROUP)
+    wd_up, s_up, bias_up = _load_words(
+        w_e, s_e, z_e, rows + N, row_mask & GATED, kw, k_start, k_end, stride_wn,
+        stride_sn, GROUP, HAS_ZP, CT, POST_SCALE,
+    )  # fmt: skip
+    sc_up = _row_scales(
+        s_e, rows_c + N, n_mask & GATED, k_start, k_end, stride_sn, GROUP
+    )
+    for k0 in range(k_start, k_end, 128):
+        nk = k0 + 128
+        cols = nk + offs_kx
+        x_next = gl.load(
+            a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
+        )
+        wd_next, s_next, bias_next = _load_words(
+            w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, stride_wn, stride_sn,
+            GROUP, HAS_ZP, CT, POST_SCALE,
+        )  # fmt: skip
+        if POST_SCALE:
+            sc_next = _row_scales(s_e, rows_c, n_mask, nk, k_end, stride_sn, GROUP)
+        if GATED:
+            wd_up_next, s_up_next, bias_up_next = _load_words(
+                w_e, s_e, z_e, rows + N, row_mask, kw, nk, k_end, stride_wn,
+                stride_sn, GROUP, HAS_ZP, CT, POST_SCALE,
+            )  # fmt: skip
+            if POST_SCALE:
+                sc_up_next = _row_scales(
+                    s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
+                )
+        b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
+        a = _dequant(wd, s_b, bias, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
+        if POST_SCALE:
+            zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+            acc += mma_v2(a, b, zero) * sc
+            sc = sc_next
+        else:
+            acc = mma_v2(a, b, acc)
+        if GATED:
+            a_up = _dequant(wd_up, s_up, bias_up, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
+            if POST_SCALE:
+                zero_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+                acc_up += mma_v2(a_up, b, zero_up) * sc_up
+                sc_up = sc_up_next
+            else:
+                acc_up = mma_v2(a_up, b, acc_up)
+            wd_up = wd_up_next
+            s_up = s_up_next
+            bias_up = bias_up_next
+        x = x_next
+        wd = wd_next
+        s_b = s_next
+        bias = bias_next
+
+    # epilogue, in the accumulator's layout: acc[n, m]
+    offs_mc = gl.arange(0, BLOCK_M, layout=C_COLS)
+    m_mask = offs_mc < n_rows
+    pairs = gl.load(sorted_ptr + pid_b * BLOCK_M + offs_mc, mask=m_mask, other=0)
+    if WEIGHT_ROWS:
+        rw = gl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
+        acc = acc * gl.expand_dims(rw, 0)
+        acc_up = acc_up * gl.expand_dims(rw, 0)
+    if HAS_BIAS:
+        bias_e = bias_ptr + e.to(gl.int64) * stride_bias
+        b_mask = n_mask & (pid_s == 0)
+        bias = gl.load(bias_e + offs_nc, mask=b_mask, other=0.0).to(gl.float32)
+        acc += gl.expand_dims(bias, 1)
+        if GATED:
+            bias_up = gl.load(bias_e + N + offs_nc, mask=b_mask, other=0.0)
+            acc_up += gl.expand_dims(bias_up.to(gl.float32), 1)
+    if GATED:
+        acc = _activate(acc, acc_up, alpha, limit, ACT)
+    c_ptrs = (
+        c_ptr
+        + pid_s * stride_cs
+        + gl.expand_dims(pairs.to(gl.int64) * stride_cm, 0)
+        + gl.expand_dims(offs_nc, 1)
+    )
+    mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(m_mask, 0)
+    gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

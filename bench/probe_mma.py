@@ -1,0 +1,119 @@
+"""The Gluon MMA GEMM (``GemmTiles.mma``) against the table's GEMM, side by side.
+
+Run on the GPU from the repository root: ``python bench/probe_mma.py [model ...]``
+(``PROBE_M=16,64`` for other sizes). For each model shape and M (default 4, 16, 64
+and 256) it times triton-w4a16 as the table runs it (``auto``: the GEMV where
+chosen), its ``gemm`` path with the table's tiles (``pick_tiles``), and the ``gemm``
+path run by the Gluon kernel at the row blocks and (column tile, warps) of
+``SHAPES``; under CUDA-graph replay at M <= 64 and eagerly above, each output checked
+against the float32 reference first; ms and multiples of the floor.
+"""
+
+# ruff: noqa: B023, D103, T201
+# A GPU script, not library code: print is its output; each lambda is timed in its loop step.
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import (
+    GROUP,
+    MODELS,
+    copy_bandwidth,
+    floor_ms,
+    random_int4,
+    rel_err,
+    route,
+    time_eager,
+    time_graph,
+)
+
+from backends.triton._configs import GemmTiles, MoETiles
+from backends.triton._fused import fused_moe, pick_tiles
+from backends.triton._launch import ExpertMatrix
+from core.config import MoEConfig
+from core.reference import moe_forward_reference
+
+
+def words(
+    t: GemmTiles, *, mma: bool, block_n: int | None = None, warps: int | None = None
+) -> GemmTiles:
+    """``t`` reading int32 words, by the Gluon kernel if ``mma``, at 128 columns."""
+    return attrs.evolve(
+        t, int4_words=True, nibble_halves=False, swap_ab=True, block_k=128,
+        block_n=block_n or t.block_n, num_warps=warps or t.num_warps, mma=mma,
+    )  # fmt: skip
+
+
+SHAPES = {8: [(64, 4), (128, 4), (128, 8)], 16: [(64, 4), (128, 4), (128, 8), (256, 8)]}
+"""Row block: (column tile, warps) of the Gluon kernel, for w13 and w2 alike."""
+
+
+def variants(default: MoETiles) -> dict[str, MoETiles | None]:
+    """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
+    out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
+    w13, w2 = default.w13, default.w2
+    shapes = {**SHAPES, default.block_m: [(128, 4)]} if default.block_m > 16 else SHAPES
+    for bm, tiles in shapes.items():
+        for bn, warps in tiles:
+            out[f"mma bm{bm} {bn} w{warps}"] = MoETiles(
+                block_m=bm,
+                w13=words(w13, mma=True, block_n=bn, warps=warps),
+                w2=words(w2, mma=True, block_n=bn, warps=warps),
+            )
+    out["auto again"] = None
+    return out
+
+
+def main() -> None:
+    only = sys.argv[1:] or list(MODELS)
+    ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
+    for name in only:
+        e, k, d, f = MODELS[name]
+        cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+        q = random_int4(e, d, f)
+        w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+        w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+        for m in ms_list:
+            x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+            r = route(m, e, k)
+            active = int(torch.unique(r.topk_ids).numel())
+            fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
+            ref = moe_forward_reference(x, q, r, cfg)
+            default = pick_tiles(m * k, w13, w2)
+            fns: dict[str, Callable[[], torch.Tensor]] = {}
+            for key, tiles in variants(default).items():
+                fns[key] = lambda t=tiles: fused_moe(
+                    x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
+                )
+            for key, fn in fns.items():
+                try:
+                    err = rel_err(ref, fn())
+                    ms = time_graph(fn) if m <= 64 else time_eager(fn)
+                except Exception as exc:  # a variant may not compile
+                    print(
+                        f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400]
+                    )
+                    continue
+                ratio = f"{ms / fl:.2f}x" if ms else "-"
+                print(
+                    f"{name:15s} M={m:4d} {key:28s} {ms if ms else float('nan'):8.4f} ms"
+                    f" {ratio:>7s} err {err:.1e}",
+                    flush=True,
+                )
+        del q
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
