@@ -53,14 +53,19 @@ def words(
 
 
 SHAPES = {8: [(64, 4), (128, 4), (128, 8)], 16: [(64, 4), (128, 4), (128, 8), (256, 8)]}
-"""Row block: (column tile, warps) of the Gluon kernel, for w13 and w2 alike."""
+"""Row block: (column tile, warps) of the Gluon kernel, for w13 and w2 alike
+(``PROBE_SET=2``: ``SHAPES_2``)."""
+SHAPES_2 = {8: [(128, 4), (64, 2), (32, 1)], 16: [(128, 4), (64, 2)]}
 
 
 def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
-    shapes = {**SHAPES, default.block_m: [(128, 4)]} if default.block_m > 16 else SHAPES
+    second = os.environ.get("PROBE_SET") == "2"
+    shapes = SHAPES_2 if second else SHAPES
+    if default.block_m > 16 and not second:
+        shapes = {**shapes, default.block_m: [(128, 4)]}
     for bm, tiles in shapes.items():
         for bn, warps in tiles:
             out[f"mma bm{bm} {bn} w{warps}"] = MoETiles(
@@ -68,11 +73,66 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
                 w13=words(w13, mma=True, block_n=bn, warps=warps),
                 w2=words(w2, mma=True, block_n=bn, warps=warps),
             )
+            if second and (bn, warps) == (128, 4):
+                out[f"mma bm{bm} {bn} w{warps} w2 split x2"] = MoETiles(
+                    block_m=bm,
+                    w13=words(w13, mma=True, block_n=bn, warps=warps),
+                    w2=attrs.evolve(
+                        words(w2, mma=True, block_n=bn, warps=warps),
+                        split_k=2 * w2.split_k,
+                    ),
+                )
     out["auto again"] = None
     return out
 
 
+def host(name: str, m: int) -> None:
+    """Eager forward time and a profile of the host side, table tiles and mma."""
+    import cProfile
+    import pstats
+    import time
+
+    e, k, d, f = MODELS[name]
+    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    q = random_int4(e, d, f)
+    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+    r = route(m, e, k)
+    default = pick_tiles(m * k, w13, w2)
+    words_table = MoETiles(
+        block_m=16, w13=words(default.w13, mma=False, block_n=64),
+        w2=words(default.w2, mma=False, block_n=64),
+    )  # fmt: skip
+    for label, tiles in (("table", default), ("words", words_table)):
+
+        def fn(t: MoETiles = tiles) -> torch.Tensor:
+            return fused_moe(x, w13, w2, r, cfg, tiles=t, path="gemm")
+
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            fn()
+        host_us = (time.perf_counter() - t0) / 200 * 1e6
+        torch.cuda.synchronize()
+        print(
+            f"{name} M={m} {label} ({tiles.w13.mma}): host {host_us:.1f} us a forward"
+        )
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["host"]:
+        host("qwen3-30b-a3b", 64)
+        return
     only = sys.argv[1:] or list(MODELS)
     ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
     torch.manual_seed(0)

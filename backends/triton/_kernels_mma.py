@@ -19,8 +19,10 @@ pair ``h = 0, 1`` is one LOP3's float pair (nibbles ``i`` and ``i + 4``). The sa
 thread's B fragment (the activation) is then real columns ``32c .. 32c+31`` of its
 tokens: one contiguous 64-byte read per token.
 
-The layouts are built on the host (``mma_layouts``) and passed as constexprs.
-Needs sm_80+ (``mma.sync`` and PTX ``lop3`` / ``fma.rn.bf16x2``); no interpreter.
+The layouts are built at compile time from the integer meta-parameters
+(``_words_layout``, ``_input_layout``, ``_acc_layout``): layout objects as kernel
+arguments would be hashed and compared on every launch. Needs sm_80+ (``mma.sync``
+and PTX ``lop3`` / ``fma.rn.bf16x2``); no interpreter.
 """
 
 from triton.experimental import gluon
@@ -95,6 +97,55 @@ _FP16_CODES_ASM = gl.constexpr(
     .replace("ONE", "0x3c003c00")
     .replace("X2", "f16x2")
 )
+
+
+@gluon.constexpr_function
+def _powers(first, count, dim):
+    """Bases ``first * 2**j`` (``j < count``) along dimension ``dim`` of a 2-D tensor."""
+    return [[first << j, 0] if dim == 0 else [0, first << j] for j in range(count)]
+
+
+@gluon.constexpr_function
+def _words_layout(block_n, warps):
+    """The words' layout, ``(block_n, 16)`` int32 of a 128-column step.
+
+    Lane ``4g + c`` holds words ``4c .. 4c+3`` (registers) of rows ``g`` and ``g + 8``
+    (a register); the warps and further repeats stack along the rows.
+    """
+    warp_bits = warps.bit_length() - 1
+    row_reps = (block_n // (16 * warps)).bit_length() - 1
+    return gl.DistributedLinearLayout(
+        reg_bases=[*_powers(1, 2, 1), [8, 0], *_powers(16 * warps, row_reps, 0)],
+        lane_bases=_powers(4, 2, 1) + _powers(1, 3, 0),
+        warp_bases=_powers(16, warp_bits, 0),
+        block_bases=[],
+        shape=[block_n, 16],
+    )
+
+
+@gluon.constexpr_function
+def _input_layout(block_m, warps):
+    """The activation's layout, ``(block_m, 128)``.
+
+    Lane ``4g + c`` holds columns ``32c .. 32c+31`` of tokens ``g`` (and ``g + 8``, ...
+    in registers), the same in every warp.
+    """
+    token_reps = (block_m // 8).bit_length() - 1
+    return gl.DistributedLinearLayout(
+        reg_bases=_powers(1, 5, 1) + _powers(8, token_reps, 0),
+        lane_bases=_powers(32, 2, 1) + _powers(1, 3, 0),
+        warp_bases=[[0, 0]] * (warps.bit_length() - 1),
+        block_bases=[],
+        shape=[block_m, 128],
+    )
+
+
+@gluon.constexpr_function
+def _acc_layout(warps):
+    """The accumulator: ``mma.sync`` m16n8 tiles, warps along the rows."""
+    return gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[warps, 1], instr_shape=[16, 8]
+    )
 
 
 @gluon.jit
@@ -273,14 +324,15 @@ def _moe_gemm_mma_kernel(
     BLOCK_N: gl.constexpr,
     HAS_BIAS: gl.constexpr,
     POST_SCALE: gl.constexpr,
-    W_LAYOUT: gl.constexpr,
-    X_LAYOUT: gl.constexpr,
-    ACC_LAYOUT: gl.constexpr,
+    WARPS: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
     Columns tiles in row-block-fastest order (``GemmTiles.group_m`` 0); K steps of 128.
     """
+    W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
+    X_LAYOUT: gl.constexpr = _input_layout(BLOCK_M, WARPS)
+    ACC_LAYOUT: gl.constexpr = _acc_layout(WARPS)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC_LAYOUT, 2)
     pid = gl.program_id(0)

@@ -297,47 +297,6 @@ def mma_target(a: torch.Tensor) -> bool:
     )
 
 
-@functools.cache
-def mma_layouts(
-    block_n: int, block_m: int, warps: int
-) -> tuple[object, object, object]:
-    """Register layouts of the Gluon kernel: words, activation, accumulator.
-
-    Words ``(block_n, 16)`` int32 of a 128-column step: lane ``4g + c`` holds words
-    ``4c .. 4c+3`` (registers) of rows ``g``, ``g + 8`` (a register) and the warp's
-    and further repeats' rows. Activation ``(block_m, 128)``: lane ``4g + c`` holds
-    columns ``32c .. 32c+31`` of tokens ``g`` (and ``g + 8``, ... in registers), the
-    same in every warp. Accumulator: ``mma.sync`` m16n8 tiles, warps along the rows.
-    See ``_kernels_mma.py`` for why.
-    """
-    from triton.experimental.gluon import language as gl
-
-    def powers(first: int, count: int, dim: int) -> list[list[int]]:
-        return [[first << j, 0] if dim == 0 else [0, first << j] for j in range(count)]
-
-    warp_bits = warps.bit_length() - 1
-    row_reps = (block_n // (16 * warps)).bit_length() - 1
-    words = gl.DistributedLinearLayout(
-        reg_bases=[*powers(1, 2, 1), [8, 0], *powers(16 * warps, row_reps, 0)],
-        lane_bases=powers(4, 2, 1) + powers(1, 3, 0),
-        warp_bases=powers(16, warp_bits, 0),
-        block_bases=[],
-        shape=[block_n, 16],
-    )
-    token_reps = (block_m // 8).bit_length() - 1
-    x = gl.DistributedLinearLayout(
-        reg_bases=powers(1, 5, 1) + powers(8, token_reps, 0),
-        lane_bases=powers(32, 2, 1) + powers(1, 3, 0),
-        warp_bases=[[0, 0]] * warp_bits,
-        block_bases=[],
-        shape=[block_m, 128],
-    )
-    acc = gl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[warps, 1], instr_shape=[16, 8]
-    )
-    return words, x, acc
-
-
 def _launch_gemm_mma(
     a_MK: torch.Tensor,
     b: ExpertMatrix,
@@ -361,9 +320,6 @@ def _launch_gemm_mma(
     scale = b.scale if b.scale is not None else b.data
     zero = b.zero_point if b.zero_point is not None else scale
     bias = b.bias if b.bias is not None else scale
-    w_layout, x_layout, acc_layout = mma_layouts(
-        tiles.block_n, align.block_m, tiles.num_warps
-    )
     lo, hi = experts
     _moe_gemm_mma_kernel[grid](
         a_MK,
@@ -403,9 +359,7 @@ def _launch_gemm_mma(
         BLOCK_N=tiles.block_n,
         HAS_BIAS=b.bias is not None,
         POST_SCALE=group >= tiles.block_k,
-        W_LAYOUT=w_layout,
-        X_LAYOUT=x_layout,
-        ACC_LAYOUT=acc_layout,
+        WARPS=tiles.num_warps,
         num_warps=tiles.num_warps,
     )
 
