@@ -56,12 +56,25 @@ SHAPES = {8: [(64, 4), (128, 4), (128, 8)], 16: [(64, 4), (128, 4), (128, 8), (2
 """Row block: (column tile, warps) of the Gluon kernel, for w13 and w2 alike
 (``PROBE_SET=2``: ``SHAPES_2``)."""
 SHAPES_2 = {8: [(128, 4), (64, 2), (32, 1)], 16: [(128, 4), (64, 2)]}
+STAGES = (1, 2, 3, 4)
+"""``PROBE_SET=3``: the table's tiles at these ``num_stages`` (1: words one step ahead
+in registers; more: a cp.async ring), in 8- and 16-row blocks."""
 
 
 def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "3":
+        for bm in (8, 16):
+            for stages in STAGES:
+                out[f"mma bm{bm} stages {stages}"] = MoETiles(
+                    block_m=bm,
+                    w13=attrs.evolve(w13, num_stages=stages),
+                    w2=attrs.evolve(w2, num_stages=stages),
+                )
+        out["auto again"] = None
+        return out
     second = os.environ.get("PROBE_SET") == "2"
     shapes = SHAPES_2 if second else SHAPES
     if default.block_m > 16 and not second:

@@ -43,7 +43,10 @@ class GemmTiles:
             feed the dequantized codes to the tensor cores from registers. CUDA
             sm_80+ only (``mma_target``); elsewhere, and for row blocks other than 8,
             16 or 32, the Triton word kernel runs with the same tiles. Needs
-            ``block_k`` 128 and ``block_n`` a multiple of ``16 * num_warps``.
+            ``block_k`` 128 and ``block_n`` a multiple of ``16 * num_warps``. Its
+            ``num_stages``: 1 loads each step's words one step ahead in registers;
+            ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring
+            (``cp.async``).
     """
 
     block_n: int
@@ -377,8 +380,9 @@ experts average more than 8 pairs (``int4_tiles``)."""
 
 
 MMA_TILES: Final = GemmTiles(
-    block_n=128, block_k=128, num_warps=4, swap_ab=True, int4_words=True, mma=True
-)
+    block_n=128, block_k=128, num_warps=4, num_stages=1, swap_ab=True,
+    int4_words=True, mma=True,
+)  # fmt: skip
 """The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``)."""
 MMA_SMALL_BLOCK: Final = 8
 """Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES``."""

@@ -27,7 +27,7 @@ and PTX ``lop3`` / ``fma.rn.bf16x2``); no interpreter.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 _WORD_ASM = """{
 .reg .b32 t1, t2, t3, c0, c1, c2, c3, s2, b2, one, nz;
@@ -179,23 +179,30 @@ def _load_words(
     kw,
     k0,
     k_end,
+    w_end,
     stride_wn,
     stride_sn,
     GROUP: gl.constexpr,
     HAS_ZP: gl.constexpr,
     CT: gl.constexpr,
     POST_SCALE: gl.constexpr,
+    RING: gl.constexpr,
 ):
     """Words, scales and bias ``-(MAGIC + z)`` of rows ``rows`` (``[BLOCK_N, 1]``) at ``k0``.
 
     Nothing is read at or past ``k_end`` (the last step's loads of the next step are
     masked off entirely). Scales and biases come in ``CT``, broadcast to the words;
     with ``POST_SCALE`` no scales are read (``_row_scales`` reads them) and the
-    bias stands in for them.
+    bias stands in for them. With ``RING`` the words come through shared memory
+    (``_copy_words``) and zeros stand in for them here. ``w_end``: ``k_end // 8``,
+    written so that Triton sees its divisibility (16-byte loads need 4).
     """
-    offs_w = k0 // 8 + kw  # [1, 16]
-    mask = row_mask & (offs_w < k_end // 8)
-    words = gl.load(w_e + rows * stride_wn + offs_w, mask=mask, other=0)
+    offs_w = k0 // 128 * 16 + kw  # [1, 16]; k0 // 8, aligned as Triton can see
+    mask = row_mask & (offs_w < w_end)
+    if RING:
+        words = mask.to(gl.int32) * 0
+    else:
+        words = gl.load(w_e + rows * stride_wn + offs_w, mask=mask, other=0)
     if GROUP >= 128:  # one group per row and step
         g_ptr = rows * stride_sn + k0 // GROUP
         g_mask = row_mask & (k0 < k_end)
@@ -214,6 +221,20 @@ def _load_words(
         s = gl.load(s_e + g_ptr, mask=g_mask, other=0.0)
         s_b = gl.broadcast(s.to(CT), words)[0]
     return words, s_b, bias
+
+
+@gluon.jit
+def _copy_words(slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn):
+    """Start an asynchronous copy (``cp.async``) of the words at ``k0`` into ``slot``.
+
+    Each thread copies the 16 bytes it later reads back in the words' layout, so no
+    thread reads another's copy.
+    """
+    offs_w = k0 // 128 * 16 + kw  # k0 // 8 (k0 is a multiple of 128)
+    mask = row_mask & (offs_w < w_end)
+    async_copy.async_copy_global_to_shared(
+        slot, w_e + rows * stride_wn + offs_w, mask=mask
+    )
 
 
 @gluon.jit
@@ -325,6 +346,8 @@ def _moe_gemm_mma_kernel(
     HAS_BIAS: gl.constexpr,
     POST_SCALE: gl.constexpr,
     WARPS: gl.constexpr,
+    STAGES: gl.constexpr,
+    K32: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
@@ -382,17 +405,36 @@ def _moe_gemm_mma_kernel(
     acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
-    # each step loads the next step's words, scales and input before its own math
+    # Each step loads the next step's scales and input (and, without a ring, its
+    # words) before its own math; with a ring the words of STAGES - 1 steps ahead are
+    # in flight by cp.async.
+    RING: gl.constexpr = STAGES > 1
+    # k_end // 8; with K32 its divisibility by 4 is visible: 16-byte word loads
+    w_end = k_end // 32 * 4 if K32 else k_end // 8
+    if RING:
+        SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], SMEM)
+        ring_up = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], SMEM)
+        for i in gl.static_range(STAGES - 1):
+            k_i = k_start + 128 * i
+            _copy_words(ring.index(i), w_e, rows, row_mask, kw, k_i, w_end, stride_wn)
+            if GATED:
+                _copy_words(
+                    ring_up.index(i), w_e, rows + N, row_mask, kw, k_i, w_end,
+                    stride_wn,
+                )  # fmt: skip
+            async_copy.commit_group()
+    it = 0
     cols = k_start + offs_kx
     x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
     wd, s_b, bias = _load_words(
-        w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, stride_wn, stride_sn,
-        GROUP, HAS_ZP, CT, POST_SCALE,
+        w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, w_end, stride_wn, stride_sn,
+        GROUP, HAS_ZP, CT, POST_SCALE, RING,
     )  # fmt: skip
     sc = _row_scales(s_e, rows_c, n_mask, k_start, k_end, stride_sn, GROUP)
     wd_up, s_up, bias_up = _load_words(
-        w_e, s_e, z_e, rows + N, row_mask & GATED, kw, k_start, k_end, stride_wn,
-        stride_sn, GROUP, HAS_ZP, CT, POST_SCALE,
+        w_e, s_e, z_e, rows + N, row_mask & GATED, kw, k_start, k_end, w_end, stride_wn,
+        stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING,
     )  # fmt: skip
     sc_up = _row_scales(
         s_e, rows_c + N, n_mask & GATED, k_start, k_end, stride_sn, GROUP
@@ -404,20 +446,37 @@ def _moe_gemm_mma_kernel(
             a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
         )
         wd_next, s_next, bias_next = _load_words(
-            w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, stride_wn, stride_sn,
-            GROUP, HAS_ZP, CT, POST_SCALE,
+            w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, w_end, stride_wn, stride_sn,
+            GROUP, HAS_ZP, CT, POST_SCALE, RING,
         )  # fmt: skip
         if POST_SCALE:
             sc_next = _row_scales(s_e, rows_c, n_mask, nk, k_end, stride_sn, GROUP)
         if GATED:
             wd_up_next, s_up_next, bias_up_next = _load_words(
-                w_e, s_e, z_e, rows + N, row_mask, kw, nk, k_end, stride_wn,
-                stride_sn, GROUP, HAS_ZP, CT, POST_SCALE,
+                w_e, s_e, z_e, rows + N, row_mask, kw, nk, k_end, w_end, stride_wn,
+                stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING,
             )  # fmt: skip
             if POST_SCALE:
                 sc_up_next = _row_scales(
                     s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
                 )
+        if RING:
+            k_r = k0 + 128 * (STAGES - 1)
+            slot = (it + STAGES - 1) % STAGES
+            _copy_words(
+                ring.index(slot), w_e, rows, row_mask, kw, k_r, w_end, stride_wn
+            )
+            if GATED:
+                _copy_words(
+                    ring_up.index(slot), w_e, rows + N, row_mask, kw, k_r, w_end,
+                    stride_wn,
+                )  # fmt: skip
+            async_copy.commit_group()
+            async_copy.wait_group(STAGES - 1)
+            wd = ring.index(it % STAGES).load(W_LAYOUT)
+            if GATED:
+                wd_up = ring_up.index(it % STAGES).load(W_LAYOUT)
+        it += 1  # noqa: SIM113 (a Triton range has no enumerate)
         b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
         a = _dequant(wd, s_b, bias, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
         if POST_SCALE:

@@ -360,6 +360,8 @@ def _launch_gemm_mma(
         HAS_BIAS=b.bias is not None,
         POST_SCALE=group >= tiles.block_k,
         WARPS=tiles.num_warps,
+        STAGES=tiles.num_stages,
+        K32=k % 32 == 0,
         num_warps=tiles.num_warps,
     )
 

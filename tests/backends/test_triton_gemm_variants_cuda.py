@@ -45,6 +45,11 @@ def _tiles(
     return MoETiles(block_m=block_m, w13=t, w2=attrs.evolve(t, split_k=split))
 
 
+MMA_RING = GemmTiles(
+    block_n=128, block_k=128, num_warps=4, num_stages=3, swap_ab=True,
+    int4_words=True, mma=True,
+)  # fmt: skip
+
 VARIANTS = {
     "plain-16x32x256": _tiles(16, 32, 256, swap=False, halves=False, split=2),
     "swap-64x128x64": _tiles(64, 128, 64, swap=True, halves=False, split=1),
@@ -72,8 +77,14 @@ VARIANTS = {
     "mma-8x64x128-split3": _tiles(
         8, 64, 128, swap=True, halves=False, split=3, words=True, mma=True
     ),
+    "mma-8x128x128-ring3-split2": attrs.evolve(
+        _tiles(8, 128, 128, swap=True, halves=False, split=2, words=True, mma=True),
+        w13=attrs.evolve(MMA_RING, split_k=1),
+        w2=attrs.evolve(MMA_RING, split_k=2),
+    ),
 }
-"""``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3."""
+"""``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3,
+words one step ahead in registers or (``ring``) three stages of cp.async."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
@@ -153,3 +164,17 @@ def test_mma_matches_word_kernel(scheme: Int4Scheme, dtype: torch.dtype) -> None
     err_mma, err_words = rel_l2(expected, out["mma"]), rel_l2(expected, out["words"])
     assert diff < 6e-3, (diff, err_mma, err_words)
     assert err_mma <= 1.1 * err_words, (err_mma, err_words)
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("scheme", [SCHEMES[4], SCHEMES[9]], ids=lambda s: s.name)
+def test_mma_k_not_a_multiple_of_32(scheme: Int4Scheme, stages: int) -> None:
+    """F = 328: w2 rows of 41 words, not whole 16-byte chunks (the kernel's word loads
+    narrow), its last step a partial one."""
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=328)
+    t = attrs.evolve(MMA_RING, num_stages=stages)
+    tiles = MoETiles(block_m=16, w13=t, w2=attrs.evolve(t, split_k=2))
+    check_fused(
+        config, scheme, torch.bfloat16, 21, seed=7, path="gemm", drop=True,
+        tiles=tiles,
+    )  # fmt: skip
