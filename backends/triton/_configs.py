@@ -385,7 +385,10 @@ MMA_TILES: Final = GemmTiles(
 )  # fmt: skip
 """The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``)."""
 MMA_SMALL_BLOCK: Final = 8
-"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES``."""
+"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES``;
+more take 16-row blocks with the words read through a cp.async ring of
+``MMA_RING_STAGES``."""
+MMA_RING_STAGES: Final = 3
 
 
 def int4_tiles(
@@ -415,20 +418,28 @@ def int4_tiles(
     prefill words lost (DeepSeek-V3 M = 1024 6.20 vs 5.40).
 
     With ``mma`` the decode row runs the Gluon kernel (``MMA_TILES``, 128 x 128, 4
-    warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert, else 16, with
-    the same w2 split; ``bench/probe_mma.py`` (bench/sweeps/probe_mma2_h200.log,
-    graph replay, ms): DeepSeek-V3 M = 64 2.06 vs 2.82, Qwen3-235B M = 64 0.52 vs
-    0.70, Mixtral M = 16 0.36 vs 0.47 and M = 64 0.46 vs 0.52, Qwen3-30B-A3B M = 64
-    0.14 vs 0.21; M = 256 of the 128- and 256-expert models 0.24 vs 0.29 (Qwen3-30B),
-    0.78 vs 0.88 (Qwen3-235B, which took 32-row blocks), 2.70 vs 3.27 (DeepSeek-V3).
+    warps) in 8-row blocks with the words one step ahead in registers up to
+    ``MMA_SMALL_BLOCK`` pairs per expert, else in 16-row blocks with a 3-stage
+    cp.async ring; the w2 split as before. ``bench/probe_mma.py``, graph replay,
+    ms, against the word GEMM above (bench/sweeps/probe_mma2_h200.log): DeepSeek-V3
+    M = 64 2.06 vs 2.82, Qwen3-235B M = 64 0.52 vs 0.70, Mixtral M = 16 0.36 vs
+    0.47, Qwen3-30B-A3B M = 64 0.14 vs 0.21; the ring in 16-row blocks
+    (probe_mma4_h200.log) against registers: Mixtral M = 64 0.42 vs 0.44,
+    Qwen3-235B M = 256 0.73 vs 0.81, DeepSeek-V3 M = 256 2.67 vs 2.79 (the word
+    GEMM: 0.52, 0.88, 3.27). In 8-row blocks the ring was 1-4% faster than the
+    registers' 16-byte loads but slower than their 8-byte ones of probe_mma3.
     """
     if per_expert <= INT4_FEW_PER_EXPERT and mma:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
+        small = per_expert <= MMA_SMALL_BLOCK
+        mma_tiles = (
+            MMA_TILES if small else attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES)
+        )
         return MoETiles(
-            block_m=MMA_SMALL_BLOCK if per_expert <= MMA_SMALL_BLOCK else 16,
-            w13=MMA_TILES,
-            w2=attrs.evolve(MMA_TILES, split_k=split),
+            block_m=MMA_SMALL_BLOCK if small else 16,
+            w13=mma_tiles,
+            w2=attrs.evolve(mma_tiles, split_k=split),
         )
     if per_expert <= INT4_FEW_PER_EXPERT:
         tiles = GemmTiles(

@@ -195,13 +195,18 @@ def _load_words(
     with ``POST_SCALE`` no scales are read (``_row_scales`` reads them) and the
     bias stands in for them. With ``RING`` the words come through shared memory
     (``_copy_words``) and zeros stand in for them here. ``w_end``: ``k_end // 8``,
-    written so that Triton sees its divisibility (16-byte loads need 4).
+    written so that Triton sees its divisibility (``_copy_words``).
     """
-    offs_w = k0 // 128 * 16 + kw  # [1, 16]; k0 // 8, aligned as Triton can see
-    mask = row_mask & (offs_w < w_end)
     if RING:
+        offs_w = k0 // 128 * 16 + kw  # [1, 16]
+        mask = row_mask & (offs_w < w_end)
         words = mask.to(gl.int32) * 0
     else:
+        # Written so that Triton sees 8-byte alignment only: with the 16-byte loads
+        # of the ring's form this path ran up to 9% slower on the H200
+        # (bench/sweeps/probe_mma4_h200.log against probe_mma3_h200.log).
+        offs_w = k0 // 8 + kw  # [1, 16]
+        mask = row_mask & (offs_w < k_end // 8)
         words = gl.load(w_e + rows * stride_wn + offs_w, mask=mask, other=0)
     if GROUP >= 128:  # one group per row and step
         g_ptr = rows * stride_sn + k0 // GROUP
@@ -228,9 +233,11 @@ def _copy_words(slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn):
     """Start an asynchronous copy (``cp.async``) of the words at ``k0`` into ``slot``.
 
     Each thread copies the 16 bytes it later reads back in the words' layout, so no
-    thread reads another's copy.
+    thread reads another's copy. ``k0 // 8`` and ``w_end`` are written so that
+    Triton sees their divisibility by 4 words (``k0`` is a multiple of 128; ``w_end``
+    with ``K32``): 16-byte copies, else 8-byte ones.
     """
-    offs_w = k0 // 128 * 16 + kw  # k0 // 8 (k0 is a multiple of 128)
+    offs_w = k0 // 128 * 16 + kw  # k0 // 8
     mask = row_mask & (offs_w < w_end)
     async_copy.async_copy_global_to_shared(
         slot, w_e + rows * stride_wn + offs_w, mask=mask

@@ -99,7 +99,7 @@ def test_int4_tiles_rule() -> None:
 
 def test_int4_tiles_rule_with_the_mma_kernel() -> None:
     """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 8
-    pairs per expert, then 16; the prefill rows stay."""
+    pairs per expert, then 16 with a cp.async ring; the prefill rows stay."""
 
     def tiles(pairs: int, experts: int) -> MoETiles:
         return configs.choose_tiles(
@@ -110,7 +110,9 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
     assert tiles(512, 256).w13 == configs.MMA_TILES  # 2 per expert
     assert tiles(512, 256).block_m == 8
     assert tiles(2048, 256).block_m == 8  # 8 per expert
+    assert tiles(2048, 256).w13.num_stages == 1  # words in registers
     assert tiles(2048, 128).block_m == 16  # 16 per expert
+    assert tiles(2048, 128).w13.num_stages == configs.MMA_RING_STAGES
     assert tiles(2048, 128).w2.mma
     assert tiles(2, 8).w2.split_k > 1
     assert not tiles(2049, 128).w13.mma  # 17 per expert: nibble halves
