@@ -1,12 +1,14 @@
-"""Offline sm_90 compile of the decode GEMV kernels: registers and SASS, no GPU needed.
+"""Offline sm_90 compile of the decode kernels: registers and SASS, no GPU needed.
 
-``python bench/compile_sm90.py`` compiles ``_moe_gemv_kernel`` (bytes),
+``python bench/compile_sm90.py [mma]`` compiles ``_moe_gemv_kernel`` (bytes),
 ``_moe_gemv_words_kernel`` and ``_moe_gemv_pairs_kernel`` with Triton's own compiler
 for an H100/H200 target (``GPUTarget("cuda", 90, 32)``; Triton's wheel bundles
 ``ptxas``, ``cuobjdump`` and ``nvdisasm``), with the meta-parameters of a Mixtral-8x7B
 launch (symmetric group 128, bf16 activations, every size and stride divisible by
 16), gated (w13) and not (w2), the paired kernel also with TMA reads
-(``GemvTiles.tma``), and prints per variant the registers and stack bytes (spills) a
+(``GemvTiles.tma``); with ``mma`` instead the Gluon decode GEMM ``_moe_gemm_mma_kernel``
+(128 x 128 tiles, 4 warps, at the row blocks and stages of ``MMA_VARIANTS``). It prints
+per variant the registers and stack bytes (spills) a
 thread, the shared memory, the SASS instructions of the K loop's body and its most frequent
 opcodes (the loop: the longest conditional backward branch; TMA waits spin in
 out-of-line blocks that jump back unconditionally). What it numbers is what the GPU
@@ -30,18 +32,24 @@ from typing import Any
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
+from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.triton._kernels_gemv import _moe_gemv_kernel
 from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
 from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
+from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {
     "a_ptr": "*bf16", "w_ptr": "*i32", "scale_ptr": "*bf16", "zero_ptr": "*bf16",
     "c_ptr": "*bf16", "ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "bias_ptr": "*i32",
     "b_ptr": "*u8",
+}  # fmt: skip
+MMA_POINTERS = {
+    **POINTERS, "bias_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
+    "block_rows_ptr": "*i32",
 }  # fmt: skip
 VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
     ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4, None),
@@ -53,6 +61,9 @@ VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
 ]
 GROUP = 128
+MMA_VARIANTS = [  # (block_m, stages, group): the table's two, then the others measured
+    (8, 1, GROUP), (16, 3, GROUP), (16, 1, GROUP), (8, 3, GROUP), (16, 1, 32),
+]  # fmt: skip
 
 
 def compile_gemv(
@@ -99,6 +110,34 @@ def compile_gemv(
     )
 
 
+def compile_mma(*, gated: bool, block_m: int, stages: int, group: int) -> Any:
+    """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    params = list(inspect.signature(_moe_gemm_mma_kernel.fn).parameters)
+    constants = {
+        "A_DIV": 2 if gated else 1, "GROUP": group, "HAS_ZP": False, "GATED": gated,
+        "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": 128,
+        "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
+        "WARPS": 4, "STAGES": stages, "K32": True,
+    }  # fmt: skip
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[object]]] = {}
+    for i, name in enumerate(params):
+        if name in constants:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = MMA_POINTERS.get(
+            name, "fp32" if name in ("alpha", "limit") else "i32"
+        )
+        if signature[name] != "fp32":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}
+    )
+
+
 def describe(compiled: Any) -> str:
     """Registers, the K loop's SASS count and its most frequent opcodes."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,6 +181,15 @@ def describe(compiled: Any) -> str:
 
 def main() -> None:
     """One line per variant and projection."""
+    if sys.argv[1:2] == ["mma"]:
+        for block_m, stages, group in MMA_VARIANTS:
+            for gated in (True, False):
+                compiled = compile_mma(
+                    gated=gated, block_m=block_m, stages=stages, group=group
+                )
+                name = f"mma bm{block_m} st{stages} g{group} {'w13 gated' if gated else 'w2'}"
+                print(f"{name:30s} {describe(compiled)}", flush=True)
+        return
     for label, kernel, block_n, prefetch, warps, tma in VARIANTS:
         for gated in (True, False):
             compiled = compile_gemv(

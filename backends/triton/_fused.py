@@ -12,7 +12,9 @@ May import core; triton only inside functions. Three paths compute the same laye
 - ``gemm``: align pairs to expert row blocks on the device, grouped GEMM for w13 with
   the activation, grouped GEMM for w2, top-k sum; int4 weights are dequantized in
   registers into the dot's register operand (the int4 table reads int32 words at
-  decode; above 16 pairs per expert it dots the low and high nibbles as two halves
+  decode, on CUDA sm_80+ by the Gluon kernel of ``_kernels_mma.py``, which loads
+  each thread's ``mma.sync`` A fragment directly; above 16 pairs per expert it dots
+  the low and high nibbles as two halves
   against a K-permuted input: ``permute_k`` for w13, and w13 writes its output
   permuted for w2), 16-bit weights (triton-emulation) are read as they are.
 - ``dequant`` (int4, prefill): the ``gemm`` path on 16-bit weights, with chunks of
