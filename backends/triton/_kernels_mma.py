@@ -29,42 +29,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-_WORD_ASM = """{
-.reg .b32 t1, t2, t3, c0, c1, c2, c3, s2, b2, one, nz;
-mov.b32 one, ONE;
-mov.b32 nz, 0x80008000;
-mov.b32 s2, {$9, $9};
-mov.b32 b2, {$10, $10};
-shr.u32 t1, $8, 4;
-shr.u32 t2, $8, 8;
-shr.u32 t3, $8, 12;
-lop3.b32 c0, $8, 0x000f000f, MAGIC, 0xea;
-lop3.b32 c1, t1, 0x000f000f, MAGIC, 0xea;
-lop3.b32 c2, t2, 0x000f000f, MAGIC, 0xea;
-lop3.b32 c3, t3, 0x000f000f, MAGIC, 0xea;
-fma.rn.X2 c0, c0, one, b2;
-fma.rn.X2 c1, c1, one, b2;
-fma.rn.X2 c2, c2, one, b2;
-fma.rn.X2 c3, c3, one, b2;
-fma.rn.X2 c0, c0, s2, nz;
-fma.rn.X2 c1, c1, s2, nz;
-fma.rn.X2 c2, c2, s2, nz;
-fma.rn.X2 c3, c3, s2, nz;
-mov.b32 {$0, $4}, c0;
-mov.b32 {$1, $5}, c1;
-mov.b32 {$2, $6}, c2;
-mov.b32 {$3, $7}, c3;
-}"""
-_BF16_WORD_ASM = gl.constexpr(
-    _WORD_ASM.replace("MAGIC", "0x43004300")
-    .replace("ONE", "0x3f803f80")
-    .replace("X2", "bf16x2")
-)
-_FP16_WORD_ASM = gl.constexpr(
-    _WORD_ASM.replace("MAGIC", "0x64006400")
-    .replace("ONE", "0x3c003c00")
-    .replace("X2", "f16x2")
-)
+from backends.triton._kernels import _activate
+from backends.triton._kernels_tiles import _BF16_WORD_ASM, _FP16_WORD_ASM
+
 _CODES_ASM = """{
 .reg .b32 t1, t2, t3, c0, c1, c2, c3, b2, one;
 mov.b32 one, ONE;
@@ -85,8 +52,9 @@ mov.b32 {$1, $5}, c1;
 mov.b32 {$2, $6}, c2;
 mov.b32 {$3, $7}, c3;
 }"""
-"""Eight codes of a word to ``q - z`` (exact small integers): ``_WORD_ASM`` without the
-scale, which ``POST_SCALE`` applies to the float32 product instead."""
+"""Eight codes of a word to ``q - z`` (exact small integers): ``_kernels_tiles``'s
+``_WORD_ASM`` without the scale, which ``POST_SCALE`` applies to the float32 product
+instead."""
 _BF16_CODES_ASM = gl.constexpr(
     _CODES_ASM.replace("MAGIC", "0x43004300")
     .replace("ONE", "0x3f803f80")
@@ -203,7 +171,7 @@ def _load_words(
         words = mask.to(gl.int32) * 0
     else:
         # Written so that Triton sees 8-byte alignment only: with the 16-byte loads
-        # of the ring's form this path ran up to 9% slower on the H200
+        # of the ring's form this path ran 3-10% slower on the H200
         # (bench/sweeps/probe_mma4_h200.log against probe_mma3_h200.log).
         offs_w = k0 // 8 + kw  # [1, 16]
         mask = row_mask & (offs_w < k_end // 8)
@@ -289,24 +257,6 @@ def _dequant(
         )  # fmt: skip
     a = _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N)
     return gl.convert_layout(a, A_LAYOUT)
-
-
-@gluon.jit
-def _activate(gate, up, alpha, limit, ACT: gl.constexpr):
-    """``act(gate) * up`` in float32; ACT 0 silu, 1 gelu, 2 gelu_tanh, 3 swigluoai."""
-    if ACT == 0:
-        out = gate / (1.0 + gl.exp(-gate)) * up
-    elif ACT == 1:
-        out = 0.5 * gate * (1.0 + gl.erf(gate * 0.7071067811865476)) * up
-    elif ACT == 2:
-        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        tanh = 2.0 / (1.0 + gl.exp(-2.0 * inner)) - 1.0
-        out = 0.5 * gate * (1.0 + tanh) * up
-    else:
-        g = gl.minimum(gate, limit)
-        u = gl.minimum(gl.maximum(up, -limit), limit)
-        out = (u + 1.0) * g / (1.0 + gl.exp(-alpha * g))
-    return out
 
 
 @gluon.jit
