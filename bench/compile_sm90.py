@@ -66,6 +66,32 @@ MMA_VARIANTS = [  # (block_m, stages, group): the table's two, then the others m
 ]  # fmt: skip
 
 
+def _signature(
+    params: list[str],
+    constants: dict[str, object],
+    pointers: dict[str, str],
+    desc: str | None = None,
+) -> tuple[dict[str, str], dict[tuple[int, ...], list[list[object]]]]:
+    """Triton types of a kernel's parameters, and 16-divisibility of the non-floats.
+
+    ``desc``: the type of ``w_desc`` (a tensor descriptor), if it is a parameter.
+    """
+    signature: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list[list[object]]] = {}
+    for i, name in enumerate(params):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name == "w_desc" and desc is not None:
+            signature[name] = desc
+        else:
+            signature[name] = pointers.get(
+                name, "fp32" if name in ("alpha", "limit") else "i32"
+            )
+            if signature[name] != "fp32":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, attrs
+
+
 def compile_gemv(
     kernel: Any,
     *,
@@ -90,19 +116,7 @@ def compile_gemv(
     if tma is None:
         constants["w_desc"] = None
     desc = f"tensordesc<i32[{block_n}, 64]>"  # _words_descriptor's block, 512 codes
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[object]]] = {}
-    for i, name in enumerate(params):
-        if name in constants:
-            signature[name] = "constexpr"
-            continue
-        signature[name] = (
-            desc
-            if name == "w_desc"
-            else POINTERS.get(name, "fp32" if name in ("alpha", "limit") else "i32")
-        )
-        if name != "w_desc":
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    signature, attrs = _signature(params, constants, POINTERS, desc)
     consts = {(params.index(k),): v for k, v in constants.items() if k in params}
     source = ASTSource(kernel, signature, consts, attrs)
     return triton.compile(
@@ -121,17 +135,7 @@ def compile_mma(*, gated: bool, block_m: int, stages: int, group: int) -> Any:
         "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
         "WARPS": 4, "STAGES": stages, "K32": True,
     }  # fmt: skip
-    signature: dict[str, str] = {}
-    attrs: dict[tuple[int, ...], list[list[object]]] = {}
-    for i, name in enumerate(params):
-        if name in constants:
-            signature[name] = "constexpr"
-            continue
-        signature[name] = MMA_POINTERS.get(
-            name, "fp32" if name in ("alpha", "limit") else "i32"
-        )
-        if signature[name] != "fp32":
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    signature, attrs = _signature(params, constants, MMA_POINTERS)
     source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)
     return triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}

@@ -30,31 +30,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from backends.triton._kernels import _activate
-from backends.triton._kernels_tiles import _BF16_WORD_ASM, _FP16_WORD_ASM
+from backends.triton._kernels_tiles import _BF16_WORD_ASM, _FP16_WORD_ASM, _WORD_ASM
 
-_CODES_ASM = """{
-.reg .b32 t1, t2, t3, c0, c1, c2, c3, b2, one;
-mov.b32 one, ONE;
-mov.b32 b2, {$9, $9};
-shr.u32 t1, $8, 4;
-shr.u32 t2, $8, 8;
-shr.u32 t3, $8, 12;
-lop3.b32 c0, $8, 0x000f000f, MAGIC, 0xea;
-lop3.b32 c1, t1, 0x000f000f, MAGIC, 0xea;
-lop3.b32 c2, t2, 0x000f000f, MAGIC, 0xea;
-lop3.b32 c3, t3, 0x000f000f, MAGIC, 0xea;
-fma.rn.X2 c0, c0, one, b2;
-fma.rn.X2 c1, c1, one, b2;
-fma.rn.X2 c2, c2, one, b2;
-fma.rn.X2 c3, c3, one, b2;
-mov.b32 {$0, $4}, c0;
-mov.b32 {$1, $5}, c1;
-mov.b32 {$2, $6}, c2;
-mov.b32 {$3, $7}, c3;
-}"""
+_CODES_ASM = "\n".join(
+    line
+    for line in _WORD_ASM.splitlines()
+    if not line.startswith(("mov.b32 s2", "mov.b32 nz")) and ", s2, nz;" not in line
+)
 """Eight codes of a word to ``q - z`` (exact small integers): ``_kernels_tiles``'s
-``_WORD_ASM`` without the scale, which ``POST_SCALE`` applies to the float32 product
-instead."""
+``_WORD_ASM`` without its scaling FMAs (its scale operand ``$9`` unused), the scale
+being applied to the float32 product instead (``POST_SCALE``)."""
 _BF16_CODES_ASM = gl.constexpr(
     _CODES_ASM.replace("MAGIC", "0x43004300")
     .replace("ONE", "0x3f803f80")
@@ -213,6 +198,20 @@ def _copy_words(slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn):
 
 
 @gluon.jit
+def _copy_step(
+    ring, ring_up, slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn, N,
+    GATED: gl.constexpr,
+):  # fmt: skip
+    """The words of step ``k0`` (w13: gate and up rows) into ring ``slot``, one group."""
+    _copy_words(ring.index(slot), w_e, rows, row_mask, kw, k0, w_end, stride_wn)
+    if GATED:
+        _copy_words(
+            ring_up.index(slot), w_e, rows + N, row_mask, kw, k0, w_end, stride_wn
+        )
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _row_scales(s_e, rows, n_mask, k0, k_end, stride_sn, GROUP: gl.constexpr):
     """Float32 scales ``[BLOCK_N, 1]`` of rows ``rows`` at step ``k0`` (one group a step)."""
     g_ptr = rows * stride_sn + k0 // GROUP
@@ -237,12 +236,12 @@ def _dequant(
     if POST_SCALE:
         if CT == gl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
             p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-                _BF16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, bias],
+                _BF16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
                 dtype=(CT.value,) * 8, is_pure=True, pack=1,
             )  # fmt: skip
         else:
             p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-                _FP16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, bias],
+                _FP16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
                 dtype=(CT.value,) * 8, is_pure=True, pack=1,
             )  # fmt: skip
     elif CT == gl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
@@ -373,14 +372,10 @@ def _moe_gemm_mma_kernel(
         ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], SMEM)
         ring_up = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], SMEM)
         for i in gl.static_range(STAGES - 1):
-            k_i = k_start + 128 * i
-            _copy_words(ring.index(i), w_e, rows, row_mask, kw, k_i, w_end, stride_wn)
-            if GATED:
-                _copy_words(
-                    ring_up.index(i), w_e, rows + N, row_mask, kw, k_i, w_end,
-                    stride_wn,
-                )  # fmt: skip
-            async_copy.commit_group()
+            _copy_step(
+                ring, ring_up, i, w_e, rows, row_mask, kw, k_start + 128 * i, w_end,
+                stride_wn, N, GATED,
+            )  # fmt: skip
     it = 0
     cols = k_start + offs_kx
     x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
@@ -418,17 +413,10 @@ def _moe_gemm_mma_kernel(
                     s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
                 )
         if RING:
-            k_r = k0 + 128 * (STAGES - 1)
-            slot = (it + STAGES - 1) % STAGES
-            _copy_words(
-                ring.index(slot), w_e, rows, row_mask, kw, k_r, w_end, stride_wn
-            )
-            if GATED:
-                _copy_words(
-                    ring_up.index(slot), w_e, rows + N, row_mask, kw, k_r, w_end,
-                    stride_wn,
-                )  # fmt: skip
-            async_copy.commit_group()
+            _copy_step(
+                ring, ring_up, (it + STAGES - 1) % STAGES, w_e, rows, row_mask, kw,
+                k0 + 128 * (STAGES - 1), w_end, stride_wn, N, GATED,
+            )  # fmt: skip
             async_copy.wait_group(STAGES - 1)
             wd = ring.index(it % STAGES).load(W_LAYOUT)
             if GATED:

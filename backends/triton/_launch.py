@@ -194,7 +194,12 @@ def launch_gemm(
     experts: tuple[int, int],
     perm_out: int = 0,
 ) -> None:
-    """Launch ``_moe_gemm_kernel`` writing ``out`` ``(S, N, n)`` or ``(N, n)``.
+    """Launch the grouped GEMM writing ``out`` ``(S, N, n)`` or ``(N, n)``.
+
+    ``_moe_gemm_kernel``, or with ``tiles.mma`` the Gluon ``_moe_gemm_mma_kernel``
+    (same arguments) where words fit, ``mma_target`` holds and the row block is one of
+    ``MMA_BLOCK_M``; 8-row blocks anywhere else are an error (the Triton kernel's
+    dots need 16 rows).
 
     ``experts``: ``(lo, hi)``, the experts ``b`` holds (all, or a dequantized chunk);
     blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
@@ -226,61 +231,38 @@ def launch_gemm(
             f"words {'fit' if words else 'do not fit'}"
         )
         raise ValueError(msg)
+    args = (
+        a_MK, b.data, scale, zero, out, align.sorted_pairs, align.block_expert,
+        align.block_rows, routing.topk_weights, bias,
+        n, k, k // 8, k_per_split, float(config.swiglu_alpha),
+        float(config.swiglu_limit), lo, hi,
+        a_MK.stride(0), b.data.stride(0), b.data.stride(1), scale.stride(0),
+        scale.stride(1), out.stride(0) if out.ndim == 3 else 0, out.stride(-2),
+        bias.stride(0),
+    )  # fmt: skip
+    meta = {
+        "A_DIV": routing.top_k if gated else 1, "GROUP": group,
+        "HAS_ZP": b.zero_point is not None, "GATED": gated,
+        "ACT": _ACTIVATION_CODE[config.activation],
+        "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
+        "CT": _operand_dtype(a_MK.dtype), "BLOCK_M": align.block_m,
+        "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
+        "num_warps": tiles.num_warps,
+    }  # fmt: skip
     if mma:
-        _launch_gemm_mma(
-            a_MK, b, out, align, tiles, n=n, k=k, k_per_split=k_per_split,
-            group=group, grid=grid, routing=routing, config=config, gated=gated,
-            experts=experts,
+        from backends.triton._kernels_mma import _moe_gemm_mma_kernel
+
+        _moe_gemm_mma_kernel[grid](
+            *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
+            STAGES=tiles.num_stages, K32=k % 32 == 0,
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](
-        a_MK,
-        b.data,
-        scale,
-        zero,
-        out,
-        align.sorted_pairs,
-        align.block_expert,
-        align.block_rows,
-        routing.topk_weights,
-        bias,
-        n,
-        k,
-        k // 8,
-        k_per_split,
-        float(config.swiglu_alpha),
-        float(config.swiglu_limit),
-        lo,
-        hi,
-        a_MK.stride(0),
-        b.data.stride(0),
-        b.data.stride(1),
-        scale.stride(0),
-        scale.stride(1),
-        out.stride(0) if out.ndim == 3 else 0,
-        out.stride(-2),
-        bias.stride(0),
-        A_DIV=routing.top_k if gated else 1,
-        GROUP=group,
-        INT4=b.is_int4,
-        HAS_ZP=b.zero_point is not None,
-        GATED=gated,
-        ACT=_ACTIVATION_CODE[config.activation],
-        WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
-        CT=_operand_dtype(a_MK.dtype),
-        BLOCK_M=align.block_m,
-        BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k,
-        SWAP_AB=tiles.swap_ab,
-        KPERM=tiles.nibble_halves and b.is_int4,
-        PERM_OUT=perm_out,
-        GROUP_M=tiles.group_m,
-        WORDS=words,
-        ASM=words and _ptx_target(a_MK),
-        HAS_BIAS=b.bias is not None,
-        num_warps=tiles.num_warps,
+        *args, **meta, INT4=b.is_int4, BLOCK_K=tiles.block_k, SWAP_AB=tiles.swap_ab,
+        KPERM=tiles.nibble_halves and b.is_int4, PERM_OUT=perm_out,
+        GROUP_M=tiles.group_m, WORDS=words, ASM=words and _ptx_target(a_MK),
         num_stages=tiles.num_stages,
-    )
+    )  # fmt: skip
 
 
 MMA_BLOCK_M = (8, 16, 32)
@@ -294,75 +276,6 @@ def mma_target(a: torch.Tensor) -> bool:
         and torch.version.hip is None
         and not is_interpreting()
         and _capability(a.device) >= 8
-    )
-
-
-def _launch_gemm_mma(
-    a_MK: torch.Tensor,
-    b: ExpertMatrix,
-    out: torch.Tensor,
-    align: BlockAlignment,
-    tiles: GemmTiles,
-    *,
-    n: int,
-    k: int,
-    k_per_split: int,
-    group: int,
-    grid: tuple[int, int, int],
-    routing: Routing,
-    config: MoEConfig,
-    gated: bool,
-    experts: tuple[int, int],
-) -> None:
-    """``launch_gemm`` by the Gluon kernel (``GemmTiles.mma``); same arguments."""
-    from backends.triton._kernels_mma import _moe_gemm_mma_kernel
-
-    scale = b.scale if b.scale is not None else b.data
-    zero = b.zero_point if b.zero_point is not None else scale
-    bias = b.bias if b.bias is not None else scale
-    lo, hi = experts
-    _moe_gemm_mma_kernel[grid](
-        a_MK,
-        b.data,
-        scale,
-        zero,
-        out,
-        align.sorted_pairs,
-        align.block_expert,
-        align.block_rows,
-        routing.topk_weights,
-        bias,
-        n,
-        k,
-        k // 8,
-        k_per_split,
-        float(config.swiglu_alpha),
-        float(config.swiglu_limit),
-        lo,
-        hi,
-        a_MK.stride(0),
-        b.data.stride(0),
-        b.data.stride(1),
-        scale.stride(0),
-        scale.stride(1),
-        out.stride(0) if out.ndim == 3 else 0,
-        out.stride(-2),
-        bias.stride(0),
-        A_DIV=routing.top_k if gated else 1,
-        GROUP=group,
-        HAS_ZP=b.zero_point is not None,
-        GATED=gated,
-        ACT=_ACTIVATION_CODE[config.activation],
-        WEIGHT_ROWS=gated and config.apply_router_weight_on_input,
-        CT=_operand_dtype(a_MK.dtype),
-        BLOCK_M=align.block_m,
-        BLOCK_N=tiles.block_n,
-        HAS_BIAS=b.bias is not None,
-        POST_SCALE=group >= tiles.block_k,
-        WARPS=tiles.num_warps,
-        STAGES=tiles.num_stages,
-        K32=k % 32 == 0,
-        num_warps=tiles.num_warps,
     )
 
 
