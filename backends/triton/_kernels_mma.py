@@ -30,7 +30,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from backends.triton._kernels import _activate
-from backends.triton._kernels_tiles import _BF16_WORD_ASM, _FP16_WORD_ASM, _WORD_ASM
+from backends.triton._kernels_tiles import (
+    _BF16_WORD_ASM,
+    _FP16_WORD_ASM,
+    _WORD_ASM,
+    word_asm_for,
+)
 
 _CODES_ASM = "\n".join(
     line
@@ -40,16 +45,8 @@ _CODES_ASM = "\n".join(
 """Eight codes of a word to ``q - z`` (exact small integers): ``_kernels_tiles``'s
 ``_WORD_ASM`` without its scaling FMAs (its scale operand ``$9`` unused), the scale
 being applied to the float32 product instead (``POST_SCALE``)."""
-_BF16_CODES_ASM = gl.constexpr(
-    _CODES_ASM.replace("MAGIC", "0x43004300")
-    .replace("ONE", "0x3f803f80")
-    .replace("X2", "bf16x2")
-)
-_FP16_CODES_ASM = gl.constexpr(
-    _CODES_ASM.replace("MAGIC", "0x64006400")
-    .replace("ONE", "0x3c003c00")
-    .replace("X2", "f16x2")
-)
+_BF16_CODES_ASM = gl.constexpr(word_asm_for(_CODES_ASM, bf16=True))
+_FP16_CODES_ASM = gl.constexpr(word_asm_for(_CODES_ASM, bf16=False))
 
 
 @gluon.constexpr_function
@@ -233,27 +230,14 @@ def _dequant(
 
     With ``POST_SCALE`` only ``q - z`` (exact); the kernel scales the product.
     """
-    if POST_SCALE:
-        if CT == gl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
-            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-                _BF16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-                dtype=(CT.value,) * 8, is_pure=True, pack=1,
-            )  # fmt: skip
-        else:
-            p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-                _FP16_CODES_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-                dtype=(CT.value,) * 8, is_pure=True, pack=1,
-            )  # fmt: skip
-    elif CT == gl.bfloat16:  # noqa: SIM300 (CT is a constexpr)
-        p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-            _BF16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-            dtype=(CT.value,) * 8, is_pure=True, pack=1,
-        )  # fmt: skip
-    else:
-        p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-            _FP16_WORD_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-            dtype=(CT.value,) * 8, is_pure=True, pack=1,
-        )  # fmt: skip
+    BF16: gl.constexpr = CT == gl.bfloat16  # noqa: SIM300 (CT is a constexpr)
+    CODES: gl.constexpr = _BF16_CODES_ASM if BF16 else _FP16_CODES_ASM
+    WORD: gl.constexpr = _BF16_WORD_ASM if BF16 else _FP16_WORD_ASM
+    ASM: gl.constexpr = CODES if POST_SCALE else WORD
+    p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+        ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+        dtype=(CT.value,) * 8, is_pure=True, pack=1,
+    )  # fmt: skip
     a = _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N)
     return gl.convert_layout(a, A_LAYOUT)
 

@@ -183,16 +183,20 @@ exponent bits ``MAGIC`` of a float pair (``128 + q`` in bf16, ``1024 + q`` in
 fp16); the first FMA removes the bias exactly, the second scales with one rounding,
 like ``(q - z) * s`` in the 16-bit dtype.
 """
-_BF16_WORD_ASM = tl.constexpr(
-    _WORD_ASM.replace("MAGIC", "0x43004300")
-    .replace("ONE", "0x3f803f80")
-    .replace("X2", "bf16x2")
-)
-_FP16_WORD_ASM = tl.constexpr(
-    _WORD_ASM.replace("MAGIC", "0x64006400")
-    .replace("ONE", "0x3c003c00")
-    .replace("X2", "f16x2")
-)
+
+
+def word_asm_for(template: str, *, bf16: bool) -> str:
+    """``template`` (``_WORD_ASM`` or a variant) for bf16 or fp16 float pairs."""
+    magic, one, x2 = (
+        ("0x43004300", "0x3f803f80", "bf16x2")
+        if bf16
+        else ("0x64006400", "0x3c003c00", "f16x2")
+    )
+    return template.replace("MAGIC", magic).replace("ONE", one).replace("X2", x2)
+
+
+_BF16_WORD_ASM = tl.constexpr(word_asm_for(_WORD_ASM, bf16=True))
+_FP16_WORD_ASM = tl.constexpr(word_asm_for(_WORD_ASM, bf16=False))
 
 
 @triton.jit
