@@ -42,7 +42,8 @@ class GemmTiles:
             whose threads load the words of their own ``mma.sync`` A fragments and
             feed the dequantized codes to the tensor cores from registers. CUDA
             sm_80+ only (``mma_target``); elsewhere, and for row blocks other than 8,
-            16 or 32, the Triton word kernel runs with the same tiles. Needs
+            16 or 32, the Triton word kernel runs with the same tiles (8-row blocks
+            are then an error: its dots need 16 rows). Needs
             ``block_k`` 128 and ``block_n`` a multiple of ``16 * num_warps``. Its
             ``num_stages``: 1 loads each step's words one step ahead in registers;
             ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring

@@ -82,9 +82,16 @@ VARIANTS = {
         w13=attrs.evolve(MMA_RING, split_k=1),
         w2=attrs.evolve(MMA_RING, split_k=2),
     ),
+    "mma-8x128x128-registers-split2": MoETiles(
+        block_m=8,
+        w13=attrs.evolve(MMA_RING, num_stages=1),
+        w2=attrs.evolve(MMA_RING, num_stages=1, split_k=2),
+    ),
 }
-"""``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3,
-words one step ahead in registers or (``ring``) three stages of cp.async."""
+"""``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3.
+``_tiles`` asks for 3 stages, so all but the last read the words through a three-stage
+cp.async ring; the last loads them one step ahead in registers (the table's 8-row
+form)."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
