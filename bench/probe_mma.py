@@ -5,8 +5,15 @@ Run on the GPU from the repository root: ``python bench/probe_mma.py [model ...]
 and 256) it times triton-w4a16 as the table runs it (``auto``: the GEMV where
 chosen), its ``gemm`` path with the table's tiles (``pick_tiles``), and the ``gemm``
 path run by the Gluon kernel at the row blocks and (column tile, warps) of
-``SHAPES``; under CUDA-graph replay at M <= 64 and eagerly above, each output checked
-against the float32 reference first; ms and multiples of the floor.
+``SHAPES`` (``PROBE_SET=2``: ``SHAPES_2`` and a doubled w2 split; ``PROBE_SET=3``:
+``num_stages`` 1-4); under CUDA-graph replay at M <= 64 and eagerly above, each output
+checked against the float32 reference first; ms and multiples of the floor.
+``python bench/probe_mma.py host``: host time of an eager Qwen3-30B-A3B M = 64
+forward and a cProfile of it, the table's tiles against the Triton word GEMM.
+
+The logs in bench/sweeps/probe_mma*_h200.log were written as the kernel and the table
+evolved: in probe_mma1 and probe_mma2 the table's decode row was still the Triton word
+GEMM; from probe_mma3 on it is the Gluon kernel (so ``table gemm`` is the Gluon kernel).
 """
 
 # ruff: noqa: B023, D103, T201
