@@ -9,7 +9,10 @@ path run by the Gluon kernel at the row blocks and (column tile, warps) of
 ``num_stages`` 1-4); under CUDA-graph replay at M <= 64 and eagerly above, each output
 checked against the float32 reference first; ms and multiples of the floor.
 ``python bench/probe_mma.py host``: host time of an eager Qwen3-30B-A3B M = 64
-forward and a cProfile of it, the table's tiles against the Triton word GEMM.
+forward and a cProfile of it, the table's tiles against the Triton word GEMM
+(``host16``: at M = 16, triton-w4a16 as the table runs it against triton-emulation).
+``ncu --profile-from-start off ... python bench/probe_mma.py ncu``: one forward of each
+``NCU_CELLS`` cell inside ``torch.cuda.profiler`` start / stop, for Nsight Compute.
 
 The logs in bench/sweeps/probe_mma*_h200.log were written as the kernel and the table
 evolved: in probe_mma1 and probe_mma2 the table's decode row was still the Triton word
@@ -149,9 +152,82 @@ def host(name: str, m: int) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 
 
+def host16() -> None:
+    """Eager host time and cProfile at Qwen3-30B-A3B M = 16: w4a16 against emulation."""
+    import cProfile
+    import pstats
+    import time
+
+    from bench_gpu import dense_bf16
+
+    e, k, d, f = MODELS["qwen3-30b-a3b"]
+    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    q = random_int4(e, d, f)
+    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    b13, b2 = dense_bf16(q)
+    d13, d2 = ExpertMatrix(data=b13), ExpertMatrix(data=b2)
+    x = torch.randn(16, d, device="cuda").to(torch.bfloat16)
+    r = route(16, e, k)
+    for label, pair in (("w4a16", (w13, w2)), ("emulation", (d13, d2))):
+
+        def fn(p: tuple[ExpertMatrix, ExpertMatrix] = pair) -> torch.Tensor:
+            return fused_moe(x, p[0], p[1], r, cfg)
+
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            fn()
+        host_us = (time.perf_counter() - t0) / 200 * 1e6
+        torch.cuda.synchronize()
+        print(
+            f"qwen3-30b-a3b M=16 {label}: host {host_us:.1f} us a forward", flush=True
+        )
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+NCU_CELLS = (("deepseek-v3", 64), ("mixtral-8x7b", 16), ("mixtral-8x7b", 64),
+             ("qwen3-235b-a22b", 64), ("deepseek-v3", 1))  # fmt: skip
+"""Model and M of the forwards ``ncu`` mode profiles (the table's path and tiles)."""
+
+
+def ncu() -> None:
+    for name, m in NCU_CELLS:
+        e, k, d, f = MODELS[name]
+        cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+        q = random_int4(e, d, f)
+        w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+        w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+        x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+        r = route(m, e, k)
+        fused_moe(x, w13, w2, r, cfg)
+        torch.cuda.synchronize()
+        print(f"=== {name} M={m} tiles {pick_tiles(m * k, w13, w2)}", flush=True)
+        torch.cuda.profiler.start()
+        fused_moe(x, w13, w2, r, cfg)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        del q, w13, w2
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     if sys.argv[1:2] == ["host"]:
         host("qwen3-30b-a3b", 64)
+        return
+    if sys.argv[1:2] == ["host16"]:
+        host16()
+        return
+    if sys.argv[1:2] == ["ncu"]:
+        ncu()
         return
     only = sys.argv[1:] or list(MODELS)
     ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
