@@ -48,6 +48,9 @@ class GemmTiles:
             ``num_stages``: 1 loads each step's words one step ahead in registers;
             ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring
             (``cp.async``).
+        max_registers: registers a thread may use (ptxas ``.maxnreg``; ``None``: the
+            compiler's choice). Fewer registers let more programs share a
+            multiprocessor, at the cost of spills where the kernel needs more.
     """
 
     block_n: int
@@ -60,8 +63,15 @@ class GemmTiles:
     group_m: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     int4_words: bool = False
     mma: bool = False
+    max_registers: int | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.max_registers is not None and not 32 <= self.max_registers <= 255:
+            msg = (
+                "GemmTiles.max_registers must be None or 32..255 registers a thread, "
+                f"got {self.max_registers}"
+            )
+            raise ValueError(msg)
         if self.mma and not self.int4_words:
             raise ValueError("GemmTiles: mma needs int4_words=True")
         if self.mma and (self.block_k != 128 or self.block_n % (16 * self.num_warps)):

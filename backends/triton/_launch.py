@@ -249,6 +249,8 @@ def launch_gemm(
         "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
         "num_warps": tiles.num_warps,
     }  # fmt: skip
+    if tiles.max_registers is not None:
+        meta["maxnreg"] = tiles.max_registers
     if mma:
         from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
