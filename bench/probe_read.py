@@ -6,9 +6,16 @@ loads of ``BLOCK`` words, grid-strided over ``P`` programs; ``P = 0``: one chunk
 program), then the word GEMV's program shape with its math left out
 (``probe_kernels_layout``, ``MODE`` 9 one step in flight, 8 two) over Mixtral-8x7B's
 w13 at one token. Prints TB/s of bytes read; the copy (read + write) for scale.
+
+``python bench/probe_read.py tiles``: the decode GEMM's read pattern with no math
+(``_tile_read``): programs of ``BN`` weight rows walk K in steps of ``SW`` words
+(64 bytes a row at the Gluon kernel's 128 columns), each step's words loaded one
+step ahead and xor-reduced, over a DeepSeek-V3 M = 64 sized w13 (222 experts); rows
+in the canonical row-major order or each (row tile, step) tile contiguous; one
+program per row tile or a persistent grid of ``P`` programs.
 """
 
-# ruff: noqa: D103, T201, TID253
+# ruff: noqa: B023, D103, T201, TID253
 # A GPU script: print is its output.
 
 import sys
@@ -59,6 +66,54 @@ def stream(buf: torch.Tensor, block: int, unroll: int, warps: int, p: int) -> fl
     return buf.numel() * 4 / ms / 1e9
 
 
+@triton.jit
+def _tile_read(
+    src, out, n_tiles, steps, kw_total, P, BN: tl.constexpr, SW: tl.constexpr,
+    TILED: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BN)[:, None]
+    cols = tl.arange(0, SW)[None, :]
+    bits = tl.zeros([BN, SW], dtype=tl.int32)
+    for t in range(pid, n_tiles, P):
+        if TILED:  # tile (t, step) at ((t * steps + step) * BN + row) * SW + word
+            base = src + tl.cast(t, tl.int64) * steps * BN * SW + rows * SW + cols
+            stride = BN * SW
+        else:
+            base = src + (tl.cast(t, tl.int64) * BN + rows) * kw_total + cols
+            stride = SW
+        nxt = tl.load(base)
+        for s in range(1, steps + 1):
+            cur = nxt
+            nxt = tl.load(base + s * stride, mask=(s < steps) & (cols >= 0), other=0)
+            bits ^= cur
+    tl.store(out + pid * BN * SW + rows * SW + cols, bits)
+
+
+def tile_reads(sms: int) -> None:
+    """TB/s of the decode GEMM's read pattern, DeepSeek-V3 w13 at M = 64 (222 experts)."""
+    n, kw_total = 222 * 4096, 7168 // 8
+    buf = torch.randint(-(2**31), 2**31 - 1, (n * kw_total,), dtype=torch.int32,
+                        device="cuda")  # fmt: skip
+    for bn in (128, 64):
+        for sw in (16, 32, 64, 128):
+            for tiled in (0, 1):
+                for per_sm in (0, 3, 6):
+                    n_tiles, steps = n // bn, kw_total // sw
+                    grid = per_sm * sms or n_tiles
+                    out = torch.empty(grid * bn * sw, dtype=torch.int32, device="cuda")
+
+                    def run(g: int = grid, o: torch.Tensor = out) -> None:
+                        _tile_read[(g,)](buf, o, n_tiles, steps, kw_total, g, BN=bn,
+                                         SW=sw, TILED=tiled, num_warps=4)  # fmt: skip
+
+                    ms = time_graph(run)
+                    assert ms is not None
+                    print(f"tiles {bn:3d} rows x {4 * sw:3d} B tiled={tiled} "
+                          f"P={grid:6d}: {buf.numel() * 4 / ms / 1e9:5.2f} TB/s",
+                          flush=True)  # fmt: skip
+
+
 def read_ceilings(sms: int) -> None:
     buf = torch.randint(-(2**31), 2**31 - 1, (512 * 1024**2,), dtype=torch.int32,
                         device="cuda")  # fmt: skip
@@ -83,6 +138,9 @@ def main() -> None:
     print(
         f"copy {copy_bandwidth() / 1e12:.2f} TB/s (read + write), {sms} SMs", flush=True
     )
+    if sys.argv[1:2] == ["tiles"]:
+        tile_reads(sms)
+        return
     read_ceilings(sms)
     torch.cuda.empty_cache()
     e, k, d, f = MODELS["mixtral-8x7b"]
