@@ -61,8 +61,9 @@ VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
 ]
 GROUP = 128
-MMA_VARIANTS = [  # (block_m, stages, group): the table's two, then the others measured
-    (8, 1, GROUP), (16, 3, GROUP), (16, 1, GROUP), (8, 3, GROUP), (16, 1, 32),
+MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then others measured
+    (8, 1, GROUP, 1), (16, 3, GROUP, 1), (16, 1, GROUP, 1), (8, 3, GROUP, 1),
+    (16, 1, 32, 1), (8, 2, GROUP, 2), (16, 2, GROUP, 2), (8, 2, GROUP, 4),
 ]  # fmt: skip
 
 
@@ -124,7 +125,9 @@ def compile_gemv(
     )
 
 
-def compile_mma(*, gated: bool, block_m: int, stages: int, group: int) -> Any:
+def compile_mma(
+    *, gated: bool, block_m: int, stages: int, group: int, copy_steps: int = 1
+) -> Any:
     """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -133,7 +136,7 @@ def compile_mma(*, gated: bool, block_m: int, stages: int, group: int) -> Any:
         "A_DIV": 2 if gated else 1, "GROUP": group, "HAS_ZP": False, "GATED": gated,
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": 128,
         "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
-        "WARPS": 4, "STAGES": stages, "K32": True,
+        "WARPS": 4, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
     }  # fmt: skip
     signature, attrs = _signature(params, constants, MMA_POINTERS)
     source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)
@@ -186,12 +189,16 @@ def describe(compiled: Any) -> str:
 def main() -> None:
     """One line per variant and projection."""
     if sys.argv[1:2] == ["mma"]:
-        for block_m, stages, group in MMA_VARIANTS:
+        for block_m, stages, group, copy in MMA_VARIANTS:
             for gated in (True, False):
                 compiled = compile_mma(
-                    gated=gated, block_m=block_m, stages=stages, group=group
+                    gated=gated, block_m=block_m, stages=stages, group=group,
+                    copy_steps=copy,
+                )  # fmt: skip
+                name = (
+                    f"mma bm{block_m} st{stages}x{copy} g{group} "
+                    f"{'w13 gated' if gated else 'w2'}"
                 )
-                name = f"mma bm{block_m} st{stages} g{group} {'w13 gated' if gated else 'w2'}"
                 print(f"{name:30s} {describe(compiled)}", flush=True)
         return
     for label, kernel, block_n, prefetch, warps, tma in VARIANTS:

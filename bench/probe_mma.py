@@ -70,17 +70,16 @@ STAGES = (1, 2, 3, 4)
 """``PROBE_SET=3``: the table's tiles at these ``num_stages`` (1: words one step ahead
 in registers; more: a cp.async ring), in 8- and 16-row blocks."""
 
-REGISTER_CAPS = {
-    "bm8 ring3 cap128": (8, 3, 128, 3, 128),
-    "bm8 w13 ring3 cap128, w2 regs": (8, 3, 128, 1, None),
-    "bm8 ring2 cap128": (8, 2, 128, 2, 128),
-    "bm8 regs cap128": (8, 1, 128, 1, None),
-    "bm8 ring3 (no cap)": (8, 3, None, 3, None),
-    "bm16 ring3 cap168": (16, 3, 168, 3, None),
-    "bm16 ring3 cap128": (16, 3, 128, 3, 128),
+COPY_GROUPS = {
+    "bm8 ring2 copy2": (8, 2, 2),
+    "bm8 ring3 copy2": (8, 3, 2),
+    "bm8 ring3 copy1": (8, 3, 1),
+    "bm16 ring2 copy2": (16, 2, 2),
+    "bm16 ring3 copy2": (16, 3, 2),
+    "bm16 ring2 copy4": (16, 2, 4),
 }
-"""``PROBE_SET=5``: label: (row block, w13 stages, w13 register cap, w2 stages, w2 cap);
-a cap of 128 registers fits 4 programs of 4 warps on a multiprocessor, 168 three."""
+"""``PROBE_SET=5``: label: (row block, ring stages, steps a copy group holds
+(``GemmTiles.copy_steps``)), for w13 and w2 alike."""
 
 
 def variants(default: MoETiles) -> dict[str, MoETiles | None]:
@@ -88,11 +87,11 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
     if os.environ.get("PROBE_SET") == "5":
-        for label, (bm, st13, r13, st2, r2) in REGISTER_CAPS.items():
+        for label, (bm, stages, copy) in COPY_GROUPS.items():
             out[label] = MoETiles(
                 block_m=bm,
-                w13=attrs.evolve(w13, num_stages=st13, max_registers=r13),
-                w2=attrs.evolve(w2, num_stages=st2, max_registers=r2),
+                w13=attrs.evolve(w13, num_stages=stages, copy_steps=copy),
+                w2=attrs.evolve(w2, num_stages=stages, copy_steps=copy),
             )
         out["auto again"] = None
         return out

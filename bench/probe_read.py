@@ -69,12 +69,26 @@ def stream(buf: torch.Tensor, block: int, unroll: int, warps: int, p: int) -> fl
 @triton.jit
 def _tile_read(
     src, out, n_tiles, steps, kw_total, P, BN: tl.constexpr, SW: tl.constexpr,
-    TILED: tl.constexpr,
+    TILED: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows = tl.arange(0, BN)[:, None]
     cols = tl.arange(0, SW)[None, :]
     bits = tl.zeros([BN, SW], dtype=tl.int32)
+    if HALVES:  # a step of 2 * SW words as two loads of SW, one after the other
+        for t in range(pid, n_tiles, P):
+            base = src + (tl.cast(t, tl.int64) * BN + rows) * kw_total + cols
+            nxt = tl.load(base)
+            nxt2 = tl.load(base + SW)
+            for s in range(1, steps + 1):
+                cur = nxt
+                cur2 = nxt2
+                m = (s < steps) & (cols >= 0)
+                nxt = tl.load(base + s * 2 * SW, mask=m, other=0)
+                nxt2 = tl.load(base + s * 2 * SW + SW, mask=m, other=0)
+                bits ^= cur ^ cur2
+        tl.store(out + pid * BN * SW + rows * SW + cols, bits)
+        return
     for t in range(pid, n_tiles, P):
         if TILED:  # tile (t, step) at ((t * steps + step) * BN + row) * SW + word
             base = src + tl.cast(t, tl.int64) * steps * BN * SW + rows * SW + cols
@@ -96,6 +110,20 @@ def tile_reads(sms: int) -> None:
     buf = torch.randint(-(2**31), 2**31 - 1, (n * kw_total,), dtype=torch.int32,
                         device="cuda")  # fmt: skip
     for bn in (128, 64):
+        for per_sm in (0, 3, 6):
+            n_tiles, steps = n // bn, kw_total // 32
+            grid = per_sm * sms or n_tiles
+            out = torch.empty(grid * bn * 16, dtype=torch.int32, device="cuda")
+
+            def run2(g: int = grid, o: torch.Tensor = out) -> None:
+                _tile_read[(g,)](buf, o, n_tiles, steps, kw_total, g, BN=bn,
+                                 SW=16, TILED=0, HALVES=1, num_warps=4)  # fmt: skip
+
+            ms = time_graph(run2)
+            assert ms is not None
+            print(f"tiles {bn:3d} rows x 2 loads of 64 B P={grid:6d}: "
+                  f"{buf.numel() * 4 / ms / 1e9:5.2f} TB/s", flush=True)  # fmt: skip
+    for bn in (128, 64):
         for sw in (16, 32, 64, 128):
             for tiled in (0, 1):
                 for per_sm in (0, 3, 6):
@@ -105,7 +133,8 @@ def tile_reads(sms: int) -> None:
 
                     def run(g: int = grid, o: torch.Tensor = out) -> None:
                         _tile_read[(g,)](buf, o, n_tiles, steps, kw_total, g, BN=bn,
-                                         SW=sw, TILED=tiled, num_warps=4)  # fmt: skip
+                                         SW=sw, TILED=tiled, HALVES=0,
+                                         num_warps=4)  # fmt: skip
 
                     ms = time_graph(run)
                     assert ms is not None

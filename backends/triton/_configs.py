@@ -48,9 +48,12 @@ class GemmTiles:
             ``num_stages``: 1 loads each step's words one step ahead in registers;
             ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring
             (``cp.async``).
-        max_registers: registers a thread may use (ptxas ``.maxnreg``; ``None``: the
-            compiler's choice). Fewer registers let more programs share a
-            multiprocessor, at the cost of spills where the kernel needs more.
+        copy_steps: with ``mma`` and a ring (``num_stages`` > 1): K steps each ring
+            slot holds, copied one right after the other (1, 2 or 4). A row's 64
+            bytes of one step are then read back to back with its next steps'
+            instead of a step later: the H200 read 2.4 TB/s from 64 bytes a row at
+            a time and 3.9-4.1 TB/s from two such reads back to back
+            (bench/sweeps/probe_read_tiles_h200.log).
     """
 
     block_n: int
@@ -63,14 +66,11 @@ class GemmTiles:
     group_m: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     int4_words: bool = False
     mma: bool = False
-    max_registers: int | None = None
+    copy_steps: int = 1
 
     def __attrs_post_init__(self) -> None:
-        if self.max_registers is not None and not 32 <= self.max_registers <= 255:
-            msg = (
-                "GemmTiles.max_registers must be None or 32..255 registers a thread, "
-                f"got {self.max_registers}"
-            )
+        if self.copy_steps not in (1, 2, 4):
+            msg = f"GemmTiles.copy_steps must be 1, 2 or 4, got {self.copy_steps}"
             raise ValueError(msg)
         if self.mma and not self.int4_words:
             raise ValueError("GemmTiles: mma needs int4_words=True")

@@ -196,15 +196,28 @@ def _copy_words(slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn):
 
 @gluon.jit
 def _copy_step(
-    ring, ring_up, slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn, N,
-    GATED: gl.constexpr,
+    ring, ring_up, group, w_e, rows, row_mask, kw, k_start, w_end, stride_wn, N,
+    GATED: gl.constexpr, STAGES: gl.constexpr, COPY_STEPS: gl.constexpr,
 ):  # fmt: skip
-    """The words of step ``k0`` (w13: gate and up rows) into ring ``slot``, one group."""
-    _copy_words(ring.index(slot), w_e, rows, row_mask, kw, k0, w_end, stride_wn)
-    if GATED:
+    """Copy group ``group`` of the ring: ``COPY_STEPS`` steps' words, one commit group.
+
+    The steps from ``k_start + 128 * COPY_STEPS * group`` on (w13: gate and up
+    rows) go to the group's ``COPY_STEPS`` ring slots. Each row's steps are copied one right after the other: their 64-byte pieces of
+    the row reach DRAM together.
+    """
+    first = group % STAGES * COPY_STEPS
+    k0 = k_start + 128 * COPY_STEPS * group
+    for i in gl.static_range(COPY_STEPS):
         _copy_words(
-            ring_up.index(slot), w_e, rows + N, row_mask, kw, k0, w_end, stride_wn
-        )
+            ring.index(first + i), w_e, rows, row_mask, kw, k0 + 128 * i, w_end,
+            stride_wn,
+        )  # fmt: skip
+    if GATED:
+        for i in gl.static_range(COPY_STEPS):
+            _copy_words(
+                ring_up.index(first + i), w_e, rows + N, row_mask, kw, k0 + 128 * i,
+                w_end, stride_wn,
+            )  # fmt: skip
     async_copy.commit_group()
 
 
@@ -287,6 +300,7 @@ def _moe_gemm_mma_kernel(
     POST_SCALE: gl.constexpr,
     WARPS: gl.constexpr,
     STAGES: gl.constexpr,
+    COPY_STEPS: gl.constexpr,
     K32: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
@@ -346,19 +360,20 @@ def _moe_gemm_mma_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
     # Each step loads the next step's scales and input (and, without a ring, its
-    # words) before its own math; with a ring the words of STAGES - 1 steps ahead are
-    # in flight by cp.async.
+    # words) before its own math; with a ring the words of STAGES - 1 copy groups of
+    # COPY_STEPS steps ahead are in flight by cp.async.
     RING: gl.constexpr = STAGES > 1
     # k_end // 8; with K32 its divisibility by 4 is visible: 16-byte word loads
     w_end = k_end // 32 * 4 if K32 else k_end // 8
     if RING:
         SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], SMEM)
-        ring_up = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], SMEM)
+        SLOTS: gl.constexpr = STAGES * COPY_STEPS
+        ring = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
+        ring_up = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
         for i in gl.static_range(STAGES - 1):
             _copy_step(
-                ring, ring_up, i, w_e, rows, row_mask, kw, k_start + 128 * i, w_end,
-                stride_wn, N, GATED,
+                ring, ring_up, i, w_e, rows, row_mask, kw, k_start, w_end, stride_wn,
+                N, GATED, STAGES, COPY_STEPS,
             )  # fmt: skip
     it = 0
     cols = k_start + offs_kx
@@ -397,14 +412,18 @@ def _moe_gemm_mma_kernel(
                     s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
                 )
         if RING:
-            _copy_step(
-                ring, ring_up, (it + STAGES - 1) % STAGES, w_e, rows, row_mask, kw,
-                k0 + 128 * (STAGES - 1), w_end, stride_wn, N, GATED,
-            )  # fmt: skip
-            async_copy.wait_group(STAGES - 1)
-            wd = ring.index(it % STAGES).load(W_LAYOUT)
+            if (
+                COPY_STEPS == 1 or it % COPY_STEPS == 0
+            ):  # next group in; this one landed
+                _copy_step(
+                    ring, ring_up, it // COPY_STEPS + STAGES - 1, w_e, rows, row_mask,
+                    kw, k_start, w_end, stride_wn, N, GATED, STAGES, COPY_STEPS,
+                )  # fmt: skip
+                async_copy.wait_group(STAGES - 1)
+            slot = it // COPY_STEPS % STAGES * COPY_STEPS + it % COPY_STEPS
+            wd = ring.index(slot).load(W_LAYOUT)
             if GATED:
-                wd_up = ring_up.index(it % STAGES).load(W_LAYOUT)
+                wd_up = ring_up.index(slot).load(W_LAYOUT)
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
         b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
         a = _dequant(wd, s_b, bias, CT, BLOCK_N, A_LAYOUT, POST_SCALE)

@@ -249,14 +249,12 @@ def launch_gemm(
         "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
         "num_warps": tiles.num_warps,
     }  # fmt: skip
-    if tiles.max_registers is not None:
-        meta["maxnreg"] = tiles.max_registers
     if mma:
         from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
         _moe_gemm_mma_kernel[grid](
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
-            STAGES=tiles.num_stages, K32=k % 32 == 0,
+            STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](

@@ -143,6 +143,14 @@ def test_gemm_tiles_mma_needs_words_and_its_tile_shape() -> None:
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("copy_steps", [0, 3, 8])
+def test_gemm_tiles_copy_steps_are_1_2_or_4(copy_steps: int) -> None:
+    with pytest.raises(
+        ValueError, match=f"copy_steps must be 1, 2 or 4, got {copy_steps}"
+    ):
+        GemmTiles(block_n=64, block_k=128, copy_steps=copy_steps)
+
+
 def test_int4_words_fit_needs_whole_aligned_words() -> None:
     scale = torch.ones(2, 4, 2)
     fit = ExpertMatrix(

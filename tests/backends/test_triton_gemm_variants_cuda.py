@@ -87,11 +87,23 @@ VARIANTS = {
         w13=attrs.evolve(MMA_RING, num_stages=1),
         w2=attrs.evolve(MMA_RING, num_stages=1, split_k=2),
     ),
+    "mma-8x128x128-ring2-copy2-split3": MoETiles(
+        block_m=8,
+        w13=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2),
+        w2=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=3),
+    ),
+    "mma-16x64x128-ring3-copy4-split2": MoETiles(
+        block_m=16,
+        w13=attrs.evolve(MMA_RING, block_n=64, copy_steps=4),
+        w2=attrs.evolve(MMA_RING, block_n=64, copy_steps=4, split_k=2),
+    ),
 }
 """``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3.
-``_tiles`` asks for 3 stages, so all but the last read the words through a three-stage
-cp.async ring; the last loads them one step ahead in registers (the table's 8-row
-form)."""
+``_tiles`` asks for 3 stages, so the first four read the words through a three-stage
+cp.async ring one step a copy group; the fifth loads them one step ahead in registers
+(the table's 8-row form); the last two copy 2 and 4 steps a group
+(``GemmTiles.copy_steps``), whose last group of a split runs past its end (w13: 12
+steps of K = 1536; w2: 3 steps a split)."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
@@ -173,13 +185,15 @@ def test_mma_matches_word_kernel(scheme: Int4Scheme, dtype: torch.dtype) -> None
     assert err_mma <= 1.1 * err_words, (err_mma, err_words)
 
 
-@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize(("stages", "copy_steps"), [(1, 1), (3, 1), (2, 2)])
 @pytest.mark.parametrize("scheme", [SCHEMES[4], SCHEMES[9]], ids=lambda s: s.name)
-def test_mma_k_not_a_multiple_of_32(scheme: Int4Scheme, stages: int) -> None:
+def test_mma_k_not_a_multiple_of_32(
+    scheme: Int4Scheme, stages: int, copy_steps: int
+) -> None:
     """F = 328: w2 rows of 41 words, not whole 16-byte chunks (the kernel's word loads
     narrow), its last step a partial one."""
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=328)
-    t = attrs.evolve(MMA_RING, num_stages=stages)
+    t = attrs.evolve(MMA_RING, num_stages=stages, copy_steps=copy_steps)
     tiles = MoETiles(block_m=16, w13=t, w2=attrs.evolve(t, split_k=2))
     check_fused(
         config, scheme, torch.bfloat16, 21, seed=7, path="gemm", drop=True,
