@@ -253,7 +253,7 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
             "active": active,
             "floor_ms": fl,
             "w4a16_path": "gemv"
-            if use_gemv(m * k, w13m)
+            if use_gemv(m * k, w13m, w2m)
             else "dequant"
             if use_dequant(m * k, w13m)
             else "gemm",

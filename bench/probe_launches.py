@@ -52,7 +52,7 @@ def main() -> None:
         w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
         w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
         for m in (1, 4, 16):
-            if not use_gemv(m * k, w13):
+            if not use_gemv(m * k, w13, w2):
                 continue
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)

@@ -224,9 +224,17 @@ GEMV_16BIT_MAX_EXPERT: Final = 1 << 23
 DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 128
+GEMV_MAX_PAIRS_MMA: Final = 64
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
-experts); where w13 reads as int32 words (``int4_words_fit``) up to this many at <= one
-per expert. The paired GEMV against the GEMM at one pair per expert (M = 16 of the
+experts); where w13 reads as int32 words (``int4_words_fit``) up to ``GEMV_MAX_PAIRS`` at
+<= one per expert, and up to ``GEMV_MAX_PAIRS_MMA`` where the Gluon decode GEMM runs
+(``mma_target``). Against that kernel's 8-row form with copy groups
+(bench/sweeps/probe_mma_copy_rule_h200.log, graph replay, ms, GEMV vs GEMM): at 128
+pairs (M = 16) the GEMM won or tied (Qwen3-235B 0.360 vs 0.274, Qwen3-30B-A3B 0.117 vs
+0.103, DeepSeek-V3 0.790 vs 0.778); at 64 (M = 8) DeepSeek-V3 0.413 vs 0.436,
+Qwen3-30B-A3B 0.068 vs 0.069, Qwen3-235B 0.195 vs 0.186; at 32 and below the GEMV
+won on the 128- and 256-expert models by 10-50% (Mixtral M = 4, 8 pairs: 0.233 vs
+0.228, kept on the GEMV). Before that kernel: The paired GEMV against the GEMM at one pair per expert (M = 16 of the
 128-expert models; bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one run):
 Qwen3-235B 0.417 vs 0.502, Qwen3-30B-A3B 0.127 vs 0.147. The one-word kernel before it
 only tied there in a sweep and lost in a benchmark run (Qwen3-235B 0.479 vs 0.436;
@@ -391,15 +399,32 @@ experts average more than 8 pairs (``int4_tiles``)."""
 
 
 MMA_TILES: Final = GemmTiles(
-    block_n=128, block_k=128, num_warps=4, num_stages=1, swap_ab=True,
-    int4_words=True, mma=True,
+    block_n=128, block_k=128, num_warps=4, num_stages=2, swap_ab=True,
+    int4_words=True, mma=True, copy_steps=2,
 )  # fmt: skip
-"""The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``)."""
+"""The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``), 8-row
+blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
 MMA_SMALL_BLOCK: Final = 8
 """Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES``;
 more take 16-row blocks with the words read through a cp.async ring of
-``MMA_RING_STAGES``."""
+``MMA_RING_STAGES`` steps, one step a copy group."""
 MMA_RING_STAGES: Final = 3
+MMA_MAX_STEPS: Final = 64
+"""In 8-row blocks the w2 GEMM also splits K while its programs would run more than
+this many 128-column steps (``mma_split_for``)."""
+
+
+def mma_split_for(split: int, k: int) -> int:
+    """``split`` (``split_for``'s) doubled while a split has > ``MMA_MAX_STEPS`` steps.
+
+    At most 8 ways. Mixtral-8x7B's w2 (K = 14336, 112 steps) in 8-row blocks, split 2
+    against ``split_for``'s 1 (bench/sweeps/probe_mma_copy_rule_h200.log, graph replay,
+    ms): 0.251 vs 0.290 at M = 8, 0.297 vs 0.307 at M = 16, 0.336 vs 0.373 at M = 32;
+    doubling the split of the other models' w2 (6-16 steps) cost 1-7%.
+    """
+    while -(-k // (split * 128)) > MMA_MAX_STEPS and split < 8:
+        split *= 2
+    return split
 
 
 def int4_tiles(
@@ -429,9 +454,15 @@ def int4_tiles(
     prefill words lost (DeepSeek-V3 M = 1024 6.20 vs 5.40).
 
     With ``mma`` the decode row runs the Gluon kernel (``MMA_TILES``, 128 x 128, 4
-    warps) in 8-row blocks with the words one step ahead in registers up to
-    ``MMA_SMALL_BLOCK`` pairs per expert, else in 16-row blocks with a 3-stage
-    cp.async ring; the w2 split as before. ``bench/probe_mma.py``, graph replay,
+    warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert, the words
+    through a 2-stage cp.async ring of 2-step copy groups and the w2 split also by
+    ``mma_split_for``; else in 16-row blocks with a 3-stage ring of one step a group,
+    the w2 split as before. The copy groups read each row's 64-byte pieces of two
+    steps back to back (bench/sweeps/probe_mma_copy_h200.log and
+    probe_mma_copy_rule_h200.log, graph replay, ms, against the one-step registers
+    form): DeepSeek-V3 M = 64 1.65 vs 2.06, Qwen3-235B M = 64 0.40 vs 0.52, Mixtral
+    M = 16 0.30 vs 0.35; in 16-row blocks they lost (Mixtral M = 64 0.44 vs 0.42).
+    Before them (``bench/probe_mma.py``, graph replay,
     ms, against the word GEMM above (bench/sweeps/probe_mma2_h200.log): DeepSeek-V3
     M = 64 2.06 vs 2.82, Qwen3-235B M = 64 0.52 vs 0.70, Mixtral M = 16 0.36 vs
     0.47, Qwen3-30B-A3B M = 64 0.14 vs 0.21; the ring in 16-row blocks
@@ -445,8 +476,12 @@ def int4_tiles(
         split = split_for(w2_out, inter, 128)
         small = per_expert <= MMA_SMALL_BLOCK
         mma_tiles = (
-            MMA_TILES if small else attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES)
+            MMA_TILES
+            if small
+            else attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
         )
+        if small:
+            split = mma_split_for(split, inter)
         return MoETiles(
             block_m=MMA_SMALL_BLOCK if small else 16,
             w13=mma_tiles,

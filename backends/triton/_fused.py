@@ -54,12 +54,17 @@ Path = Literal["auto", "gemm", "gemv", "dequant"]
 
 
 def use_gemv(
-    num_pairs: int, w13: ExpertMatrix, *, enabled: bool = configs.GEMV_BY_DEFAULT
+    num_pairs: int,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix | None = None,
+    *,
+    enabled: bool = configs.GEMV_BY_DEFAULT,
 ) -> bool:
     """Decode rule: few pairs, seldom two on one expert.
 
     int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and <=
-    one per expert. Other int4 (the byte GEMV) and 16-bit weights (emulation): <=
+    one per expert; <= ``GEMV_MAX_PAIRS_MMA`` where the GEMM would run the Gluon
+    kernel (``mma_runs``; ``w2``: as ``w13`` if not given). Other int4 (the byte GEMV) and 16-bit weights (emulation): <=
     ``GEMV_FEW_PAIRS`` and <= one pair per two experts; 16-bit only for experts below
     ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
     expert's weights once per pair (1.6 times on average at one pair per expert under
@@ -70,7 +75,9 @@ def use_gemv(
     if not enabled:
         return False
     if w13.is_int4 and int4_words_fit(w13):
-        return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
+        mma = mma_runs(w13, w13 if w2 is None else w2)
+        most = configs.GEMV_MAX_PAIRS_MMA if mma else configs.GEMV_MAX_PAIRS
+        return num_pairs <= min(most, experts)
     if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
         return False
     return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
@@ -86,6 +93,20 @@ def use_dequant(num_pairs: int, w13: ExpertMatrix) -> bool:
     """Prefill rule: int4 weights and ``DEQUANT_PAIRS_PER_EXPERT`` pairs per expert."""
     per_expert = num_pairs / int(w13.data.shape[0])
     return w13.is_int4 and per_expert >= configs.DEQUANT_PAIRS_PER_EXPERT
+
+
+def mma_runs(w13: ExpertMatrix, w2: ExpertMatrix) -> bool:
+    """Whether the int4 GEMM runs the Gluon MMA kernel on these weights.
+
+    int4 of whole int32 words (``int4_words_fit``) on a CUDA sm_80+ device
+    (``mma_target``).
+    """
+    return (
+        w13.is_int4
+        and mma_target(w13.data)
+        and int4_words_fit(w13)
+        and int4_words_fit(w2)
+    )
 
 
 def pick_tiles(
@@ -106,10 +127,7 @@ def pick_tiles(
         hidden_size=int(w2.data.shape[1]),
         intermediate_size=int(w13.data.shape[1]) // 2,
         sixteen_bit=sixteen_bit,
-        mma=not sixteen_bit
-        and mma_target(w13.data)
-        and int4_words_fit(w13)
-        and int4_words_fit(w2),
+        mma=not sixteen_bit and mma_runs(w13, w2),
     )
 
 
@@ -296,7 +314,7 @@ def fused_moe(
     num_pairs = routing.topk_ids.numel()
     if path == "auto" and tiles is None:
         path = "gemm"
-        if use_gemv(num_pairs, w13):
+        if use_gemv(num_pairs, w13, w2):
             path = "gemv"
         elif use_dequant(num_pairs, w13):
             path = "dequant"

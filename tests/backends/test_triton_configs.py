@@ -99,7 +99,8 @@ def test_int4_tiles_rule() -> None:
 
 def test_int4_tiles_rule_with_the_mma_kernel() -> None:
     """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 8
-    pairs per expert, then 16 with a cp.async ring; the prefill rows stay."""
+    pairs per expert (a 2-stage ring of 2-step copy groups), then 16 with a 3-stage
+    ring of one step a group; the prefill rows stay."""
 
     def tiles(pairs: int, experts: int) -> MoETiles:
         return configs.choose_tiles(
@@ -110,9 +111,10 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
     assert tiles(512, 256).w13 == configs.MMA_TILES  # 2 per expert
     assert tiles(512, 256).block_m == 8
     assert tiles(2048, 256).block_m == 8  # 8 per expert
-    assert tiles(2048, 256).w13.num_stages == 1  # words in registers
+    assert (tiles(2048, 256).w13.num_stages, tiles(2048, 256).w13.copy_steps) == (2, 2)
     assert tiles(2048, 128).block_m == 16  # 16 per expert
     assert tiles(2048, 128).w13.num_stages == configs.MMA_RING_STAGES
+    assert tiles(2048, 128).w13.copy_steps == 1
     assert tiles(2048, 128).w2.mma
     assert tiles(2, 8).w2.split_k > 1
     assert not tiles(2049, 128).w13.mma  # 17 per expert: nibble halves
@@ -120,6 +122,28 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
         num_pairs=512, num_experts=256, hidden_size=7168, intermediate_size=2048,
         sixteen_bit=True, mma=True,
     ).w13.mma  # fmt: skip
+
+
+def test_mma_w2_split_for_long_reductions() -> None:
+    """In 8-row blocks the w2 GEMM splits K until <= MMA_MAX_STEPS steps a split."""
+    assert configs.mma_split_for(1, 14336) == 2  # Mixtral: 112 steps, then 56
+    assert configs.mma_split_for(4, 14336) == 4  # already short enough
+    assert configs.mma_split_for(1, 2048) == 1  # DeepSeek-V3: 16 steps
+    assert configs.mma_split_for(1, 128 * 64) == 1
+    assert configs.mma_split_for(1, 128 * 64 + 1) == 2
+    assert configs.mma_split_for(1, 1 << 24) == 8  # at most 8 ways
+
+    def tiles(pairs: int, experts: int, inter: int) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=experts, hidden_size=4096,
+            intermediate_size=inter, mma=True,
+        )  # fmt: skip
+
+    assert tiles(32, 8, 14336).block_m == 8
+    assert tiles(32, 8, 14336).w2.split_k == 2  # Mixtral-8x7B at M = 16
+    assert tiles(32, 8, 14336).w13.split_k == 1
+    assert tiles(128, 8, 14336).block_m == 16  # 16 per expert: the split as before
+    assert tiles(128, 8, 14336).w2.split_k == configs.split_for(8 * 64, 14336, 128)
 
 
 def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
@@ -263,6 +287,7 @@ def test_gemv_is_the_decode_rule() -> None:
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
     assert not use_gemv(5, dense, enabled=True)
+
     dense_many = ExpertMatrix(data=torch.zeros(256, 4, 64, dtype=torch.bfloat16))
     assert use_gemv(configs.GEMV_FEW_PAIRS, dense_many, enabled=True)
     assert not use_gemv(configs.GEMV_FEW_PAIRS + 1, dense_many, enabled=True)
@@ -277,6 +302,21 @@ def test_gemv_is_the_decode_rule() -> None:
     assert not use_gemv(8, dense_experts(7168, 2048), enabled=True)  # DeepSeek: 14.7 M
     assert not use_gemv(1, w13, enabled=False)
     assert use_gemv(1, w13) is GEMV_BY_DEFAULT
+
+
+def test_gemv_gives_way_to_the_mma_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the Gluon GEMM runs, the word GEMV stops at GEMV_MAX_PAIRS_MMA pairs."""
+    import backends.triton._fused as fused
+
+    words = ExpertMatrix(data=torch.zeros(128, 4, 8, dtype=torch.uint8), group_size=16)
+    assert use_gemv(configs.GEMV_MAX_PAIRS, words, enabled=True)  # CPU: no Gluon
+    monkeypatch.setattr(fused, "mma_target", lambda a: True)
+    assert fused.mma_runs(words, words)
+    assert use_gemv(configs.GEMV_MAX_PAIRS_MMA, words, enabled=True)
+    assert not use_gemv(configs.GEMV_MAX_PAIRS_MMA + 1, words, enabled=True)
+    odd_w2 = ExpertMatrix(data=torch.zeros(128, 4, 3, dtype=torch.uint8), group_size=6)
+    assert not fused.mma_runs(words, odd_w2)  # w2 not whole words: no Gluon kernel
+    assert use_gemv(configs.GEMV_MAX_PAIRS, words, odd_w2, enabled=True)
 
 
 def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:

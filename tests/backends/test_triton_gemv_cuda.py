@@ -11,7 +11,7 @@ import torch
 import backends.triton._configs as configs
 from backends.triton import TritonW4A16Backend
 from backends.triton._configs import GemvTiles
-from backends.triton._fused import fused_moe, use_gemv
+from backends.triton._fused import fused_moe, mma_runs, use_gemv
 from core.config import Activation, MoEConfig
 from core.scheme import Int4Scheme
 from tests.backends.triton_cuda_cases import (
@@ -108,19 +108,22 @@ def test_gemv_router_weight_on_input(kernel: str) -> None:
 def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) -> None:
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    assert use_gemv(  # words: <= 128 pairs and <= one per expert
-        t * k,
-        TritonW4A16Backend()
-        .prepare(
-            int4_weights(
-                config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
-            ),
-            config,
-            dtype=torch.bfloat16,
-        )
-        .w13,
-        enabled=True,
-    ) is (t * k <= min(configs.GEMV_MAX_PAIRS, e))
+    prepared = TritonW4A16Backend().prepare(
+        int4_weights(
+            config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(0)
+        ),
+        config,
+        dtype=torch.bfloat16,
+    )
+    # words: <= 128 pairs (64 where the Gluon GEMM runs) and <= one per expert
+    most = (
+        configs.GEMV_MAX_PAIRS_MMA
+        if mma_runs(prepared.w13, prepared.w2)
+        else configs.GEMV_MAX_PAIRS
+    )
+    assert use_gemv(t * k, prepared.w13, prepared.w2, enabled=True) is (
+        t * k <= min(most, e)
+    )
     _check(config, SCHEMES[2], torch.bfloat16, t, kernel=kernel)
 
 
