@@ -8,7 +8,8 @@ path run by the Gluon kernel at the row blocks and (column tile, warps) of
 ``SHAPES`` (``PROBE_SET=2``: ``SHAPES_2`` and a doubled w2 split; ``PROBE_SET=3``:
 ``num_stages`` 1-4; ``PROBE_SET=5``: ``COPY_GROUPS``; ``PROBE_SET=6``: 8-row blocks,
 a 2-stage ring of 2-step copy groups, the w2 split as the table's, doubled and
-halved); under CUDA-graph replay at M <= 64 and eagerly above, each output
+halved; ``PROBE_SET=7``: 64-column tiles of 2 or 4 warps, 2- or 4-step copy groups);
+under CUDA-graph replay at M <= 64 and eagerly above, each output
 checked against the float32 reference first; ms and multiples of the floor.
 ``python bench/probe_mma.py host``: host time of an eager Qwen3-30B-A3B M = 64
 forward and a cProfile of it, the table's tiles against the Triton word GEMM
@@ -88,6 +89,19 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "7":
+        for bn, warps, copy in ((64, 4, 2), (64, 4, 4), (64, 2, 2), (64, 2, 4)):
+            out[f"bm8 {bn}x128 w{warps} ring2 copy{copy}"] = MoETiles(
+                block_m=8,
+                w13=attrs.evolve(
+                    w13, block_n=bn, num_warps=warps, num_stages=2, copy_steps=copy
+                ),
+                w2=attrs.evolve(
+                    w2, block_n=bn, num_warps=warps, num_stages=2, copy_steps=copy
+                ),
+            )
+        out["auto again"] = None
+        return out
     if os.environ.get("PROBE_SET") == "6":
         ring = {"num_stages": 2, "copy_steps": 2}
         for label, factor in (("", 1), (" w2 split x2", 2), (" w2 split /2", 0)):
