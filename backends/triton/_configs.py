@@ -227,14 +227,17 @@ GEMV_MAX_PAIRS: Final = 128
 GEMV_MAX_PAIRS_MMA: Final = 64
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
 experts); where w13 reads as int32 words (``int4_words_fit``) up to ``GEMV_MAX_PAIRS`` at
-<= one per expert, and up to ``GEMV_MAX_PAIRS_MMA`` where the Gluon decode GEMM runs
-(``mma_target``). Against that kernel's 8-row form with copy groups
-(bench/sweeps/probe_mma_copy_rule_h200.log, graph replay, ms, GEMV vs GEMM): at 128
-pairs (M = 16) the GEMM won or tied (Qwen3-235B 0.360 vs 0.274, Qwen3-30B-A3B 0.117 vs
-0.103, DeepSeek-V3 0.790 vs 0.778); at 64 (M = 8) DeepSeek-V3 0.413 vs 0.436,
-Qwen3-30B-A3B 0.068 vs 0.069, Qwen3-235B 0.195 vs 0.186; at 32 and below the GEMV
-won on the 128- and 256-expert models by 10-50% (Mixtral M = 4, 8 pairs: 0.233 vs
-0.228, kept on the GEMV). Before that kernel: The paired GEMV against the GEMM at one pair per expert (M = 16 of the
+<= one per expert, and up to ``GEMV_MAX_PAIRS_MMA`` at <= one per two experts where the
+Gluon decode GEMM runs (``mma_runs``): the pair-major GEMV reads an expert once per
+pair routed to it, the GEMM once per row block. Against that kernel's 8-row form with
+copy groups (bench/sweeps/probe_mma_copy_rule_h200.log, graph replay, ms, GEMV vs
+GEMM): at 128 pairs (M = 16) the GEMM won or tied (Qwen3-235B 0.360 vs 0.274,
+Qwen3-30B-A3B 0.117 vs 0.103, DeepSeek-V3 0.790 vs 0.778); at 64 (M = 8) DeepSeek-V3
+0.413 vs 0.436, Qwen3-30B-A3B 0.068 vs 0.069, Qwen3-235B 0.195 vs 0.186; at 32 and
+below the GEMV won on the 128- and 256-expert models by 10-50%. Mixtral at M = 4 (8
+pairs on 8 experts) took 0.236 vs 0.225 with the table's w2 split
+(probe_mma_narrow_tiles_h200.log; 0.233 vs 0.228 in the run before), at M = 1 (2
+pairs) 0.084 vs 0.088. Before that kernel: The paired GEMV against the GEMM at one pair per expert (M = 16 of the
 128-expert models; bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one run):
 Qwen3-235B 0.417 vs 0.502, Qwen3-30B-A3B 0.127 vs 0.147. The one-word kernel before it
 only tied there in a sweep and lost in a benchmark run (Qwen3-235B 0.479 vs 0.436;

@@ -63,8 +63,8 @@ def use_gemv(
     """Decode rule: few pairs, seldom two on one expert.
 
     int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and <=
-    one per expert; <= ``GEMV_MAX_PAIRS_MMA`` where the GEMM would run the Gluon
-    kernel (``mma_runs``; ``w2``: as ``w13`` if not given). Other int4 (the byte GEMV) and 16-bit weights (emulation): <=
+    one per expert; where the GEMM would run the Gluon kernel (``mma_runs``; ``w2``: as
+    ``w13`` if not given) <= ``GEMV_MAX_PAIRS_MMA`` and <= one per two experts. Other int4 (the byte GEMV) and 16-bit weights (emulation): <=
     ``GEMV_FEW_PAIRS`` and <= one pair per two experts; 16-bit only for experts below
     ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
     expert's weights once per pair (1.6 times on average at one pair per expert under
@@ -75,9 +75,9 @@ def use_gemv(
     if not enabled:
         return False
     if w13.is_int4 and int4_words_fit(w13):
-        mma = mma_runs(w13, w13 if w2 is None else w2)
-        most = configs.GEMV_MAX_PAIRS_MMA if mma else configs.GEMV_MAX_PAIRS
-        return num_pairs <= min(most, experts)
+        if mma_runs(w13, w13 if w2 is None else w2):
+            return num_pairs <= min(configs.GEMV_MAX_PAIRS_MMA, experts // 2)
+        return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
     if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
         return False
     return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT

@@ -305,7 +305,8 @@ def test_gemv_is_the_decode_rule() -> None:
 
 
 def test_gemv_gives_way_to_the_mma_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the Gluon GEMM runs, the word GEMV stops at GEMV_MAX_PAIRS_MMA pairs."""
+    """Where the Gluon GEMM runs, the word GEMV stops at GEMV_MAX_PAIRS_MMA pairs and
+    one pair per two experts."""
     import backends.triton._fused as fused
 
     words = ExpertMatrix(data=torch.zeros(128, 4, 8, dtype=torch.uint8), group_size=16)
@@ -314,6 +315,9 @@ def test_gemv_gives_way_to_the_mma_gemm(monkeypatch: pytest.MonkeyPatch) -> None
     assert fused.mma_runs(words, words)
     assert use_gemv(configs.GEMV_MAX_PAIRS_MMA, words, enabled=True)
     assert not use_gemv(configs.GEMV_MAX_PAIRS_MMA + 1, words, enabled=True)
+    mixtral = ExpertMatrix(data=torch.zeros(8, 4, 8, dtype=torch.uint8), group_size=16)
+    assert use_gemv(4, mixtral, enabled=True)  # M = 2, top-2: one pair per two experts
+    assert not use_gemv(5, mixtral, enabled=True)  # M = 4 has 8: the GEMM
     odd_w2 = ExpertMatrix(data=torch.zeros(128, 4, 3, dtype=torch.uint8), group_size=6)
     assert not fused.mma_runs(words, odd_w2)  # w2 not whole words: no Gluon kernel
     assert use_gemv(configs.GEMV_MAX_PAIRS, words, odd_w2, enabled=True)
