@@ -19,6 +19,12 @@ pair ``h = 0, 1`` is one LOP3's float pair (nibbles ``i`` and ``i + 4``). The sa
 thread's B fragment (the activation) is then real columns ``32c .. 32c+31`` of its
 tokens: one contiguous 64-byte read per token.
 
+Words come one step ahead in registers (``STAGES`` 1) or through a cp.async ring of
+``STAGES`` copy groups, each of ``COPY_STEPS`` steps copied one after the other: each
+row's 64-byte pieces of consecutive steps then reach DRAM together, which the H200
+served at 3.9-4.1 TB/s against 2.4 for one step's pieces at a time (bench/TUNING.md,
+"Copy groups").
+
 The layouts are built at compile time from the integer meta-parameters
 (``_words_layout``, ``_input_layout``, ``_acc_layout``): layout objects as kernel
 arguments would be hashed and compared on every launch. Needs sm_80+ (``mma.sync``
