@@ -62,8 +62,8 @@ VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
 ]
 GROUP = 128
 MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then others measured
-    (8, 1, GROUP, 1), (16, 3, GROUP, 1), (16, 1, GROUP, 1), (8, 3, GROUP, 1),
-    (16, 1, 32, 1), (8, 2, GROUP, 2), (16, 2, GROUP, 2), (8, 2, GROUP, 4),
+    (8, 2, GROUP, 2), (16, 3, GROUP, 1), (8, 1, GROUP, 1), (16, 1, GROUP, 1),
+    (8, 3, GROUP, 1), (16, 1, 32, 1), (16, 2, GROUP, 2), (8, 2, GROUP, 4),
 ]  # fmt: skip
 
 
