@@ -58,10 +58,14 @@ from core.reference import moe_forward_reference
 def words(
     t: GemmTiles, *, mma: bool, block_n: int | None = None, warps: int | None = None
 ) -> GemmTiles:
-    """``t`` reading int32 words, by the Gluon kernel if ``mma``, at 128 columns."""
+    """``t`` reading int32 words, by the Gluon kernel if ``mma``, at 128 columns.
+
+    Copy groups are kept only on the Gluon kernel's ring.
+    """
     return attrs.evolve(
         t, int4_words=True, nibble_halves=False, swap_ab=True, block_k=128,
         block_n=block_n or t.block_n, num_warps=warps or t.num_warps, mma=mma,
+        copy_steps=t.copy_steps if mma and t.num_stages > 1 else 1,
     )  # fmt: skip
 
 
@@ -129,8 +133,8 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
             for stages in STAGES:
                 out[f"mma bm{bm} stages {stages}"] = MoETiles(
                     block_m=bm,
-                    w13=attrs.evolve(w13, num_stages=stages),
-                    w2=attrs.evolve(w2, num_stages=stages),
+                    w13=attrs.evolve(w13, num_stages=stages, copy_steps=1),
+                    w2=attrs.evolve(w2, num_stages=stages, copy_steps=1),
                 )
         out["auto again"] = None
         return out

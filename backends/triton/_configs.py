@@ -48,8 +48,9 @@ class GemmTiles:
             ``num_stages``: 1 loads each step's words one step ahead in registers;
             ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring
             (``cp.async``).
-        copy_steps: with ``mma`` and a ring (``num_stages`` > 1): K steps each ring
-            slot holds, copied one right after the other (1, 2 or 4). A row's 64
+        copy_steps: with ``mma`` and a ring (``num_stages`` > 1; an error elsewhere):
+            K steps each ring slot group holds, copied one right after the other (1,
+            2 or 4). A row's 64
             bytes of one step are then read back to back with its next steps'
             instead of a step later: the H200 read 2.4 TB/s from 64 bytes a row at
             a time and 3.9-4.1 TB/s from two such reads back to back
@@ -71,6 +72,13 @@ class GemmTiles:
     def __attrs_post_init__(self) -> None:
         if self.copy_steps not in (1, 2, 4):
             msg = f"GemmTiles.copy_steps must be 1, 2 or 4, got {self.copy_steps}"
+            raise ValueError(msg)
+        if self.copy_steps > 1 and not (self.mma and self.num_stages > 1):
+            msg = (
+                "GemmTiles.copy_steps > 1 needs mma=True and num_stages > 1 (the Gluon "
+                f"kernel's cp.async ring), got mma={self.mma}, "
+                f"num_stages={self.num_stages}"
+            )
             raise ValueError(msg)
         if self.mma and not self.int4_words:
             raise ValueError("GemmTiles: mma needs int4_words=True")

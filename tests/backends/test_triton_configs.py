@@ -175,6 +175,18 @@ def test_gemm_tiles_copy_steps_are_1_2_or_4(copy_steps: int) -> None:
         GemmTiles(block_n=64, block_k=128, copy_steps=copy_steps)
 
 
+def test_gemm_tiles_copy_groups_need_the_gluon_ring() -> None:
+    mma = GemmTiles(
+        block_n=128, block_k=128, swap_ab=True, int4_words=True, mma=True,
+        num_stages=2, copy_steps=4,
+    )  # fmt: skip
+    assert mma.copy_steps == 4
+    with pytest.raises(ValueError, match=r"needs mma=True .* mma=False, num_stages=3"):
+        GemmTiles(block_n=64, block_k=128, copy_steps=2)
+    with pytest.raises(ValueError, match=r"needs mma=True .* mma=True, num_stages=1"):
+        attrs.evolve(mma, num_stages=1)
+
+
 def test_int4_words_fit_needs_whole_aligned_words() -> None:
     scale = torch.ones(2, 4, 2)
     fit = ExpertMatrix(
