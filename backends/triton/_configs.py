@@ -49,12 +49,11 @@ class GemmTiles:
             ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring
             (``cp.async``).
         copy_steps: with ``mma`` and a ring (``num_stages`` > 1; an error elsewhere):
-            K steps each ring slot group holds, copied one right after the other (1,
-            2 or 4). A row's 64
-            bytes of one step are then read back to back with its next steps'
-            instead of a step later: the H200 read 2.4 TB/s from 64 bytes a row at
-            a time and 3.9-4.1 TB/s from two such reads back to back
-            (bench/sweeps/probe_read_tiles_h200.log).
+            K steps each group of ring slots holds, copied one right after the other
+            (1, 2 or 4). A row's 64 bytes of one step are then read back to back
+            with its next steps' instead of a step later: the H200 read 2.4 TB/s
+            from 64 bytes a row at a time and 3.9-4.1 TB/s from two such reads back
+            to back (bench/sweeps/probe_read_tiles_h200.log).
     """
 
     block_n: int
@@ -245,8 +244,9 @@ Qwen3-30B-A3B 0.117 vs 0.103, DeepSeek-V3 0.790 vs 0.778); at 64 (M = 8) DeepSee
 below the GEMV won on the 128- and 256-expert models by 10-50%. Mixtral at M = 4 (8
 pairs on 8 experts) took 0.236 vs 0.225 with the table's w2 split
 (probe_mma_narrow_tiles_h200.log; 0.233 vs 0.228 in the run before), at M = 1 (2
-pairs) 0.084 vs 0.088. Before that kernel: The paired GEMV against the GEMM at one pair per expert (M = 16 of the
-128-expert models; bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one run):
+pairs) 0.084 vs 0.088. Before that kernel: the paired GEMV against the GEMM at one
+pair per expert (M = 16 of the 128-expert models;
+bench/sweeps/sweep_words_paired_h200.log, ms, graph replay, one run):
 Qwen3-235B 0.417 vs 0.502, Qwen3-30B-A3B 0.127 vs 0.147. The one-word kernel before it
 only tied there in a sweep and lost in a benchmark run (Qwen3-235B 0.479 vs 0.436;
 ``sweeps/bench_h200_22b8951.log``), so that rule stopped at one pair per two experts.

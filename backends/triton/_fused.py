@@ -64,8 +64,9 @@ def use_gemv(
 
     int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and <=
     one per expert; where the GEMM would run the Gluon kernel (``mma_runs``; ``w2``: as
-    ``w13`` if not given) <= ``GEMV_MAX_PAIRS_MMA`` and <= one per two experts. Other int4 (the byte GEMV) and 16-bit weights (emulation): <=
-    ``GEMV_FEW_PAIRS`` and <= one pair per two experts; 16-bit only for experts below
+    ``w13`` if not given) <= ``GEMV_MAX_PAIRS_MMA`` and <= one per two experts. Other
+    int4 (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <=
+    one pair per two experts; 16-bit only for experts below
     ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
     expert's weights once per pair (1.6 times on average at one pair per expert under
     uniform routing, 1.3 at one per two), without the GEMM's 16-row minimum or its

@@ -208,8 +208,8 @@ def _copy_step(
     """Copy group ``group`` of the ring: ``COPY_STEPS`` steps' words, one commit group.
 
     The steps from ``k_start + 128 * COPY_STEPS * group`` on (w13: gate and up
-    rows) go to the group's ``COPY_STEPS`` ring slots. Each row's steps are copied one right after the other: their 64-byte pieces of
-    the row reach DRAM together.
+    rows) go to the group's ``COPY_STEPS`` ring slots. Each row's steps are copied one
+    right after the other: their 64-byte pieces of the row reach DRAM together.
     """
     first = group % STAGES * COPY_STEPS
     k0 = k_start + 128 * COPY_STEPS * group
@@ -418,9 +418,9 @@ def _moe_gemm_mma_kernel(
                     s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
                 )
         if RING:
-            if (
-                COPY_STEPS == 1 or it % COPY_STEPS == 0
-            ):  # next group in; this one landed
+            # at a group's first step: copy the next group in, wait for this one
+            # (the condition inline: as a variable it costs an instruction at 1)
+            if COPY_STEPS == 1 or it % COPY_STEPS == 0:
                 _copy_step(
                     ring, ring_up, it // COPY_STEPS + STAGES - 1, w_e, rows, row_mask,
                     kw, k_start, w_end, stride_wn, N, GATED, STAGES, COPY_STEPS,
