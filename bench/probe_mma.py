@@ -53,6 +53,7 @@ from backends.triton._fused import fused_moe, pick_tiles
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
+from core.weights import QuantizedExpertWeights
 
 
 def words(
@@ -162,17 +163,46 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     return out
 
 
-def host(name: str, m: int) -> None:
-    """Eager forward time and a profile of the host side, table tiles and mma."""
-    import cProfile
-    import pstats
-    import time
-
+def _layer(
+    name: str,
+) -> tuple[MoEConfig, QuantizedExpertWeights, ExpertMatrix, ExpertMatrix]:
+    """Config, random int4 weights and their two expert matrices of model ``name``."""
     e, k, d, f = MODELS[name]
     cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
     q = random_int4(e, d, f)
     w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
     w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    return cfg, q, w13, w2
+
+
+def _host_profile(label: str, fn: Callable[[], torch.Tensor], top: int) -> None:
+    """Print ``fn``'s host time a call (200 calls after 20 warm-ups) and a cProfile."""
+    import cProfile
+    import pstats
+    import time
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        fn()
+    host_us = (time.perf_counter() - t0) / 200 * 1e6
+    torch.cuda.synchronize()
+    print(f"{label}: host {host_us:.1f} us a forward", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def host(name: str, m: int) -> None:
+    """Eager forward time and a profile of the host side, table tiles and mma."""
+    e, k, d, _ = MODELS[name]
+    cfg, _, w13, w2 = _layer(name)
     x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
     r = route(m, e, k)
     default = pick_tiles(m * k, w13, w2)
@@ -185,39 +215,15 @@ def host(name: str, m: int) -> None:
         def fn(t: MoETiles = tiles) -> torch.Tensor:
             return fused_moe(x, w13, w2, r, cfg, tiles=t, path="gemm")
 
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(200):
-            fn()
-        host_us = (time.perf_counter() - t0) / 200 * 1e6
-        torch.cuda.synchronize()
-        print(
-            f"{name} M={m} {label} ({tiles.w13.mma}): host {host_us:.1f} us a forward"
-        )
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            fn()
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+        _host_profile(f"{name} M={m} {label} ({tiles.w13.mma})", fn, 12)
 
 
 def host16() -> None:
     """Eager host time and cProfile at Qwen3-30B-A3B M = 16: w4a16 against emulation."""
-    import cProfile
-    import pstats
-    import time
-
     from bench_gpu import dense_bf16
 
-    e, k, d, f = MODELS["qwen3-30b-a3b"]
-    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    q = random_int4(e, d, f)
-    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    e, k, d, _ = MODELS["qwen3-30b-a3b"]
+    cfg, q, w13, w2 = _layer("qwen3-30b-a3b")
     b13, b2 = dense_bf16(q)
     d13, d2 = ExpertMatrix(data=b13), ExpertMatrix(data=b2)
     x = torch.randn(16, d, device="cuda").to(torch.bfloat16)
@@ -227,24 +233,7 @@ def host16() -> None:
         def fn(p: tuple[ExpertMatrix, ExpertMatrix] = pair) -> torch.Tensor:
             return fused_moe(x, p[0], p[1], r, cfg)
 
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(200):
-            fn()
-        host_us = (time.perf_counter() - t0) / 200 * 1e6
-        torch.cuda.synchronize()
-        print(
-            f"qwen3-30b-a3b M=16 {label}: host {host_us:.1f} us a forward", flush=True
-        )
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            fn()
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+        _host_profile(f"qwen3-30b-a3b M=16 {label}", fn, 15)
 
 
 NCU_CELLS = (("deepseek-v3", 64), ("mixtral-8x7b", 16), ("mixtral-8x7b", 64),
@@ -254,11 +243,8 @@ NCU_CELLS = (("deepseek-v3", 64), ("mixtral-8x7b", 16), ("mixtral-8x7b", 64),
 
 def ncu() -> None:
     for name, m in NCU_CELLS:
-        e, k, d, f = MODELS[name]
-        cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-        q = random_int4(e, d, f)
-        w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-        w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+        e, k, d, _ = MODELS[name]
+        cfg, q, w13, w2 = _layer(name)
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
         fused_moe(x, w13, w2, r, cfg)
@@ -289,10 +275,7 @@ def main() -> None:
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
     for name in only:
         e, k, d, f = MODELS[name]
-        cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-        q = random_int4(e, d, f)
-        w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-        w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+        cfg, q, w13, w2 = _layer(name)
         for m in ms_list:
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
