@@ -299,7 +299,6 @@ def test_gemv_is_the_decode_rule() -> None:
     dense = ExpertMatrix(data=torch.zeros(8, 4, 4, dtype=torch.bfloat16))
     assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
     assert not use_gemv(5, dense, enabled=True)
-
     dense_many = ExpertMatrix(data=torch.zeros(256, 4, 64, dtype=torch.bfloat16))
     assert use_gemv(configs.GEMV_FEW_PAIRS, dense_many, enabled=True)
     assert not use_gemv(configs.GEMV_FEW_PAIRS + 1, dense_many, enabled=True)

@@ -101,9 +101,10 @@ VARIANTS = {
 """``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3.
 ``_tiles`` asks for 3 stages, so the first four read the words through a three-stage
 cp.async ring one step a copy group; the fifth loads them one step ahead in registers
-(the table's 8-row form); the last two copy 2 and 4 steps a group
-(``GemmTiles.copy_steps``), whose last group of a split runs past its end (w13: 12
-steps of K = 1536; w2: 3 steps a split)."""
+(the table's 8-row form before copy groups); the last two copy 2 steps a group (the
+table's 8-row form, here with split 3: w2 splits of 2 steps, the last one partial) and
+4 (w2 split 2: 3 steps a split, so a group runs past its split's end); the ring's
+look-ahead copies run past every split's end."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
