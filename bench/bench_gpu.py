@@ -91,6 +91,18 @@ def random_int4(e: int, d: int, f: int) -> QuantizedExpertWeights:
     )
 
 
+def int4_layer(
+    name: str,
+) -> tuple[MoEConfig, QuantizedExpertWeights, ExpertMatrix, ExpertMatrix]:
+    """One model's layer config, random int4 experts, and their two GEMM operands."""
+    e, k, d, f = MODELS[name]
+    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    q = random_int4(e, d, f)
+    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
+    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
+    return cfg, q, w13, w2
+
+
 def dense_bf16(q: QuantizedExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 copies of all experts, one expert at a time (bounded float32 temporaries:
     all at once needs 4x DeepSeek-V3's 22.5 GB, more than an 80 GB card holds).

@@ -32,7 +32,7 @@ from bench_gpu import (
     FLUSH,
     GROUP,
     MODELS,
-    random_int4,
+    int4_layer,
     rel_err,
     route,
     time_eager,
@@ -41,10 +41,7 @@ from bench_gpu import (
 
 from backends.triton._configs import GEMV_FEW, GemvTiles, MoETiles
 from backends.triton._fused import fused_moe, pick_tiles, use_dequant
-from backends.triton._launch import ExpertMatrix
-from core.config import MoEConfig
 from core.reference import moe_forward_reference
-from core.weights import QuantizedExpertWeights
 
 REPS = 20
 
@@ -100,18 +97,6 @@ def tile_variants(table: MoETiles, m: int) -> dict[str, MoETiles | None]:
 WORDS_TILES = [(32, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 4), (64, 128, 8, 4),
                (64, 128, 4, 6), (128, 64, 4, 4)]  # fmt: skip
 """(block_n, block_k, warps, stages) of the words GEMM beside the table (64x128 w4 s4)."""
-
-
-def int4_layer(
-    name: str,
-) -> tuple[MoEConfig, QuantizedExpertWeights, ExpertMatrix, ExpertMatrix]:
-    """One model's layer config, random int4 experts, and their two GEMM operands."""
-    e, k, d, f = MODELS[name]
-    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    q = random_int4(e, d, f)
-    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
-    return cfg, q, w13, w2
 
 
 def compare(name: str, ms: tuple[int, ...]) -> None:

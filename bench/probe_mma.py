@@ -37,11 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
-    GROUP,
     MODELS,
     copy_bandwidth,
     floor_ms,
-    random_int4,
+    int4_layer,
     rel_err,
     route,
     time_eager,
@@ -51,9 +50,7 @@ from bench_gpu import (
 from backends.triton._configs import GemmTiles, MoETiles
 from backends.triton._fused import fused_moe, pick_tiles
 from backends.triton._launch import ExpertMatrix
-from core.config import MoEConfig
 from core.reference import moe_forward_reference
-from core.weights import QuantizedExpertWeights
 
 
 def words(
@@ -163,18 +160,6 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     return out
 
 
-def _layer(
-    name: str,
-) -> tuple[MoEConfig, QuantizedExpertWeights, ExpertMatrix, ExpertMatrix]:
-    """Config, random int4 weights and their two expert matrices of model ``name``."""
-    e, k, d, f = MODELS[name]
-    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    q = random_int4(e, d, f)
-    w13 = ExpertMatrix(data=q.w13_qdata, scale=q.w13_scale, group_size=GROUP)
-    w2 = ExpertMatrix(data=q.w2_qdata, scale=q.w2_scale, group_size=GROUP)
-    return cfg, q, w13, w2
-
-
 def _host_profile(label: str, fn: Callable[[], torch.Tensor], top: int) -> None:
     """Print ``fn``'s host time a call (200 calls after 20 warm-ups) and a cProfile."""
     import cProfile
@@ -202,7 +187,7 @@ def _host_profile(label: str, fn: Callable[[], torch.Tensor], top: int) -> None:
 def host(name: str, m: int) -> None:
     """Eager forward time and a profile of the host side, table tiles and mma."""
     e, k, d, _ = MODELS[name]
-    cfg, _, w13, w2 = _layer(name)
+    cfg, _, w13, w2 = int4_layer(name)
     x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
     r = route(m, e, k)
     default = pick_tiles(m * k, w13, w2)
@@ -223,7 +208,7 @@ def host16() -> None:
     from bench_gpu import dense_bf16
 
     e, k, d, _ = MODELS["qwen3-30b-a3b"]
-    cfg, q, w13, w2 = _layer("qwen3-30b-a3b")
+    cfg, q, w13, w2 = int4_layer("qwen3-30b-a3b")
     b13, b2 = dense_bf16(q)
     d13, d2 = ExpertMatrix(data=b13), ExpertMatrix(data=b2)
     x = torch.randn(16, d, device="cuda").to(torch.bfloat16)
@@ -244,7 +229,7 @@ NCU_CELLS = (("deepseek-v3", 64), ("mixtral-8x7b", 16), ("mixtral-8x7b", 64),
 def ncu() -> None:
     for name, m in NCU_CELLS:
         e, k, d, _ = MODELS[name]
-        cfg, q, w13, w2 = _layer(name)
+        cfg, q, w13, w2 = int4_layer(name)
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
         fused_moe(x, w13, w2, r, cfg)
@@ -275,7 +260,7 @@ def main() -> None:
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
     for name in only:
         e, k, d, f = MODELS[name]
-        cfg, q, w13, w2 = _layer(name)
+        cfg, q, w13, w2 = int4_layer(name)
         for m in ms_list:
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
