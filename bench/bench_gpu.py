@@ -54,6 +54,19 @@ GEMV_LOOP_VARIANTS: dict[str, dict[str, object]] = {
 GROUP = 128
 HERE = Path(__file__).resolve().parent
 FLUSH = torch.empty(512 * 1024**2, dtype=torch.uint8, device="cuda")  # > 60 MB L2
+FLUSH_MODE = os.environ.get("BENCH_FLUSH", "write")
+"""How ``flush_l2`` evicts L2 before each timed replay: ``write`` or ``read``."""
+
+
+def flush_l2() -> None:
+    """Evict L2 before a timed replay: zero ``FLUSH``, or sum it (``FLUSH_MODE``).
+
+    ``read`` leaves L2 holding clean lines, nothing to write back.
+    """
+    if FLUSH_MODE == "read":
+        FLUSH.view(torch.int32).sum()
+    else:
+        FLUSH.zero_()
 
 
 def copy_bandwidth() -> float:
@@ -205,7 +218,7 @@ def replay_graph(fn: Callable[[], object], reps: int = 50) -> tuple[float, objec
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps + 5):
-        FLUSH.zero_()
+        flush_l2()
         if i >= 5:
             starts[i - 5].record()
         graph.replay()

@@ -8,7 +8,9 @@ path run by the Gluon kernel at the row blocks and (column tile, warps) of
 ``SHAPES`` (``PROBE_SET=2``: ``SHAPES_2`` and a doubled w2 split; ``PROBE_SET=3``:
 ``num_stages`` 1-4; ``PROBE_SET=5``: ``COPY_GROUPS``; ``PROBE_SET=6``: 8-row blocks,
 a 2-stage ring of 2-step copy groups, the w2 split as the table's, doubled and
-halved; ``PROBE_SET=7``: 64-column tiles of 2 or 4 warps, 2- or 4-step copy groups);
+halved; ``PROBE_SET=7``: 64-column tiles of 2 or 4 warps, 2- or 4-step copy groups;
+``PROBE_SET=8``: the table's tiles with w13's K split 1, 2 or 4 ways and the w2 split
+as the table's, doubled and quadrupled);
 under CUDA-graph replay at M <= 64 and eagerly above, each output
 checked against the float32 reference first; ms and multiples of the floor.
 ``python bench/probe_mma.py host``: host time of an eager Qwen3-30B-A3B M = 64
@@ -91,6 +93,19 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "8":
+        for split13 in (1, 2, 4):
+            for factor in (1, 2, 4):
+                split2 = min(8, w2.split_k * factor)
+                if factor > 1 and split2 == w2.split_k:
+                    continue
+                out[f"w13 split {split13} w2 split {split2}"] = attrs.evolve(
+                    default,
+                    w13=attrs.evolve(w13, split_k=split13),
+                    w2=attrs.evolve(w2, split_k=split2),
+                )
+        out["auto again"] = None
+        return out
     if os.environ.get("PROBE_SET") == "7":
         for bn, warps, copy in ((64, 4, 2), (64, 4, 4), (64, 2, 2), (64, 2, 4)):
             out[f"bm8 {bn}x128 w{warps} ring2 copy{copy}"] = MoETiles(

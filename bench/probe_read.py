@@ -7,6 +7,9 @@ program), then the word GEMV's program shape with its math left out
 (``probe_kernels_layout``, ``MODE`` 9 one step in flight, 8 two) over Mixtral-8x7B's
 w13 at one token. Prints TB/s of bytes read; the copy (read + write) for scale.
 
+``python bench/probe_read.py sizes``: torch's ``sum`` and ``_stream`` over the decode
+layers' read sizes (``SIZES_MB``), microseconds and TB/s under the same replay.
+
 ``python bench/probe_read.py tiles``: the decode GEMM's read pattern with no math
 (``_tile_read``): programs of ``BN`` weight rows walk K in steps of ``SW`` words
 (64 bytes a row at the Gluon kernel's 128 columns), each step's words loaded one
@@ -28,6 +31,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_gpu
 from bench_gpu import GROUP, MODELS, copy_bandwidth, random_int4, route, time_graph
 from probe_kernels_layout import layout_launch
 
@@ -162,11 +166,50 @@ def read_ceilings(sms: int) -> None:
                           f"{tbs:5.2f} TB/s", flush=True)  # fmt: skip
 
 
+SIZES_MB = (19, 25, 50, 59, 75, 117, 176, 352, 704, 2048)
+"""``sizes``: the decode layers' read sizes (Qwen3-30B-A3B M = 1's 19 MB to Mixtral
+M = 1's w13, 117 MB, and up)."""
+
+
+def read_sizes(sms: int) -> None:
+    """Microseconds and TB/s to read ``SIZES_MB`` once, after each way of flushing L2.
+
+    ``bench_gpu.FLUSH_MODE`` ``write`` and ``read``.
+    """
+    for mode in ("write", "read"):
+        bench_gpu.FLUSH_MODE = mode
+        print(f"L2 flushed by a {mode}", flush=True)
+        _read_sizes(sms)
+
+
+def _read_sizes(sms: int) -> None:
+    tiny = torch.zeros(1, device="cuda")
+    base = time_graph(lambda: tiny.add_(1.0))
+    assert base is not None
+    print(f"empty graph {base * 1e3:.1f} us", flush=True)
+    for mb in SIZES_MB:
+        buf = torch.randint(-(2**31), 2**31 - 1, (mb * 2**18,), dtype=torch.int32,
+                            device="cuda")  # fmt: skip
+        ms = time_graph(lambda: buf.view(torch.float32).sum())
+        assert ms is not None
+        tbs = [stream(buf, 512, 2, 4, p) for p in (0, 16 * sms)]
+        print(
+            f"{mb:5d} MB: torch sum {ms * 1e3:7.1f} us {mb * 2**20 / ms / 1e9:5.2f} TB/s"
+            f" ({mb * 2**20 / (ms - base) / 1e9:5.2f} less the empty graph); stream"
+            f" 2048 B x2 w4, one chunk a program {tbs[0]:5.2f}, P = 16/SM {tbs[1]:5.2f}"
+            " TB/s",
+            flush=True,
+        )
+
+
 def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(
         f"copy {copy_bandwidth() / 1e12:.2f} TB/s (read + write), {sms} SMs", flush=True
     )
+    if sys.argv[1:2] == ["sizes"]:
+        read_sizes(sms)
+        return
     if sys.argv[1:2] == ["tiles"]:
         tile_reads(sms)
         return

@@ -20,7 +20,8 @@ class GemmTiles:
     Attributes:
         block_n: output columns per program.
         block_k: reduction elements per step.
-        split_k: programs sharing one output tile along the reduction (w2 only).
+        split_k: programs sharing one output tile along the reduction (on w13 see
+            ``MoETiles``).
         num_warps: warps per program.
         num_stages: software-pipeline depth.
         swap_ab: compute the transposed product (weights as the dot's first
@@ -150,18 +151,25 @@ class GemvTiles:
 class MoETiles:
     """Row-block size shared by both GEMMs, and each GEMM's tiles.
 
-    ``w13.split_k`` must be 1: the activation needs each row's whole sum.
+    ``w13.split_k`` > 1: the w13 GEMM writes float32 K-split partials of its gate and
+    up rows, and one more launch sums them and applies the activation
+    (``launch_activate``); that launch writes w2's input in plain K order, so
+    ``w2.nibble_halves`` must then be off.
     """
 
     block_m: int
-    w13: GemmTiles = attrs.field()
-    w2: GemmTiles
+    w13: GemmTiles
+    w2: GemmTiles = attrs.field()
 
-    @w13.validator
-    def _whole_sums(self, attribute: object, value: GemmTiles) -> None:
+    @w2.validator
+    def _plain_input(self, attribute: object, value: GemmTiles) -> None:
         del attribute
-        if value.split_k != 1:
-            msg = f"MoETiles.w13.split_k must be 1 (split-K is for w2), got {value.split_k}"
+        if self.w13.split_k > 1 and value.nibble_halves:
+            msg = (
+                "MoETiles.w2.nibble_halves needs w13.split_k == 1 (a K-split w13's "
+                f"activation writes w2's input unpermuted), got w13.split_k = "
+                f"{self.w13.split_k}"
+            )
             raise ValueError(msg)
 
 

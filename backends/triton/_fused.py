@@ -16,7 +16,9 @@ May import core; triton only inside functions. Three paths compute the same laye
   each thread's ``mma.sync`` A fragment directly; above 16 pairs per expert it dots
   the low and high nibbles as two halves
   against a K-permuted input: ``permute_k`` for w13, and w13 writes its output
-  permuted for w2), 16-bit weights (triton-emulation) are read as they are.
+  permuted for w2), 16-bit weights (triton-emulation) are read as they are. Where
+  the tiles split w13's K (``MoETiles``), w13 writes float32 partials and one more
+  launch sums them and applies the activation (``launch_activate``).
 - ``dequant`` (int4, prefill): the ``gemm`` path on 16-bit weights, with chunks of
   experts dequantized into a bounded scratch buffer just before their GEMMs;
   taken from ``DEQUANT_PAIRS_PER_EXPERT`` pairs per expert (``use_dequant``).
@@ -39,6 +41,7 @@ from backends.triton._launch import (
     dequantize_experts,
     int4_words_fit,
     is_interpreting,
+    launch_activate,
     launch_gemm,
     launch_gemv,
     mma_target,
@@ -240,6 +243,10 @@ def _gemm_moe(
     split = tiles.w2.split_k
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
+    split13 = tiles.w13.split_k
+    part13 = None
+    if split13 > 1:  # w13's K-split partials, summed and activated by launch_activate
+        part13 = torch.empty(split13, num_pairs, 2 * f, device=x_TD.device)
     scratch, step = None, num_experts
     if dequant:
         scratch, step = _dequant_scratch(w13, w2, dtype, x_TD.device)
@@ -247,9 +254,12 @@ def _gemm_moe(
         hi = min(lo + step, num_experts)
         b13 = w13 if scratch is None else _dequantized(w13, lo, hi, scratch)
         launch_gemm(
-            a_TD, b13, inter_NF, align, tiles.w13, n=f, routing=routing,
-            config=config, gated=True, experts=(lo, hi), perm_out=perm_out,
+            a_TD, b13, inter_NF if part13 is None else part13, align, tiles.w13, n=f,
+            routing=routing, config=config, gated=True, experts=(lo, hi),
+            perm_out=perm_out,
         )  # fmt: skip
+        if part13 is not None:
+            launch_activate(part13, routing, config, inter_NF)
         b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
         launch_gemm(
             inter_NF, b2, part_SND, align, tiles.w2, n=d, routing=routing,

@@ -356,7 +356,8 @@ def _reduce_topk_kernel(
         held = tl.load(ids_ptr + pair) >= 0
         row = tl.zeros([BLOCK_D], dtype=tl.float32)
         for s in tl.static_range(SPLIT):
-            ptrs = part_ptr + s * stride_ps + pair.to(tl.int64) * stride_pm + offs_d
+            split_off = tl.full([], s, tl.int64) * stride_ps  # S * N * D may pass 2^31
+            ptrs = part_ptr + split_off + pair.to(tl.int64) * stride_pm + offs_d
             row += tl.load(ptrs, mask=d_mask & held, other=0.0).to(tl.float32)
         if WEIGHTED:
             row = row * tl.load(topk_weights_ptr + pair)
@@ -365,4 +366,46 @@ def _reduce_topk_kernel(
         out_ptr + t.to(tl.int64) * stride_om + offs_d,
         acc.to(out_ptr.dtype.element_ty),
         mask=d_mask,
+    )
+
+
+@triton.jit
+def _activate_splits_kernel(
+    # pointers
+    part_ptr,
+    ids_ptr,
+    out_ptr,
+    # sizes
+    F,
+    alpha,
+    limit,
+    # strides
+    stride_ps,
+    stride_pm,
+    stride_om,
+    # meta-parameters
+    ACT: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_F: tl.constexpr,
+):
+    """``out[p, j] = act(gate) * up`` of the w13 GEMM's K-split partials.
+
+    ``gate = sum over s of part[s, p, j]``, ``up`` the same at ``F + j``; pairs of
+    id ``-1`` (experts not held here) get zeros. One program per pair and column block.
+    """
+    pair = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    mask = (offs < F) & (tl.load(ids_ptr + pair) >= 0)
+    row = part_ptr + pair.to(tl.int64) * stride_pm + offs
+    gate = tl.zeros([BLOCK_F], dtype=tl.float32)
+    up = tl.zeros([BLOCK_F], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        split_row = row + tl.full([], s, tl.int64) * stride_ps
+        gate += tl.load(split_row, mask=mask, other=0.0)
+        up += tl.load(split_row + F, mask=mask, other=0.0)
+    out = _activate(gate, up, alpha, limit, ACT)
+    tl.store(
+        out_ptr + pair.to(tl.int64) * stride_om + offs,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs < F,
     )

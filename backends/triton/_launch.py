@@ -196,6 +196,11 @@ def launch_gemm(
 ) -> None:
     """Launch the grouped GEMM writing ``out`` ``(S, N, n)`` or ``(N, n)``.
 
+    ``gated`` (w13) with ``tiles.split_k`` > 1 runs the GEMM ungated over all ``2n``
+    rows and writes the float32 K-split partials ``out`` ``(S, N, 2n)`` of gate and
+    up rows alike (router weights and bias applied as the gated GEMM applies them);
+    ``launch_activate`` then sums them and applies the activation.
+
     ``_moe_gemm_kernel``, or with ``tiles.mma`` the Gluon ``_moe_gemm_mma_kernel``
     (same arguments) where words fit, ``mma_target`` holds and the row block is one of
     ``MMA_BLOCK_M``; 8-row blocks anywhere else are an error (the Triton kernel's
@@ -221,6 +226,10 @@ def launch_gemm(
     if group == k:  # one group a row: GROUP >= BLOCK_K takes the one-group branch
         group = max(k, tiles.block_k)  # (BLOCK_K // GROUP would be 0 for K < BLOCK_K)
     words = tiles.int4_words and int4_words_fit(b)
+    w13 = gated  # w13 reads a token's row for each of its pairs
+    if gated and tiles.split_k > 1:  # raw gate and up partials, ungated
+        _check_split_rows(out, tiles.split_k, n, perm_out)
+        n, gated = 2 * n, False
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
     mma = tiles.mma and words and mma_target(a_MK) and align.block_m in MMA_BLOCK_M
     if tiles.mma and not mma and align.block_m < 16:
@@ -241,10 +250,10 @@ def launch_gemm(
         bias.stride(0),
     )  # fmt: skip
     meta = {
-        "A_DIV": routing.top_k if gated else 1, "GROUP": group,
+        "A_DIV": routing.top_k if w13 else 1, "GROUP": group,
         "HAS_ZP": b.zero_point is not None, "GATED": gated,
         "ACT": _ACTIVATION_CODE[config.activation],
-        "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
+        "WEIGHT_ROWS": w13 and config.apply_router_weight_on_input,
         "CT": _operand_dtype(a_MK.dtype), "BLOCK_M": align.block_m,
         "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
         "num_warps": tiles.num_warps,
@@ -263,6 +272,22 @@ def launch_gemm(
         GROUP_M=tiles.group_m, WORDS=words, ASM=words and _ptx_target(a_MK),
         num_stages=tiles.num_stages,
     )  # fmt: skip
+
+
+def _check_split_rows(out: torch.Tensor, split: int, n: int, perm_out: int) -> None:
+    """A K-split w13 GEMM writes float32 ``(S, N, 2n)`` partials, in plain K order."""
+    if perm_out:
+        msg = f"a K-split w13 GEMM writes its partials unpermuted, got perm_out={perm_out}"
+        raise ValueError(msg)
+    if out.ndim != 3 or out.shape[0] != split or out.shape[2] != 2 * n:
+        msg = (
+            f"a K-split w13 GEMM writes (split, pairs, 2n) = ({split}, N, {2 * n}) "
+            f"partials, got shape {tuple(out.shape)}"
+        )
+        raise ValueError(msg)
+    if out.dtype != torch.float32:
+        msg = f"a K-split w13 GEMM writes float32 partials, got {out.dtype}"
+        raise ValueError(msg)
 
 
 MMA_BLOCK_M = (8, 16, 32)
@@ -468,6 +493,33 @@ def reduce_topk(
         **_pdl_launch(on=pdl),
     )
     return out_TD.to(dtype)
+
+
+def launch_activate(
+    part_SNF2: torch.Tensor, routing: Routing, config: MoEConfig, out_NF: torch.Tensor
+) -> None:
+    """``out_NF = act(gate) * up`` of a K-split w13 GEMM's partials ``(S, N, 2F)``.
+
+    Pairs of id ``-1`` get zeros (``_activate_splits_kernel``).
+    """
+    from backends.triton._kernels import _activate_splits_kernel
+
+    num_pairs, f = int(out_NF.shape[0]), int(out_NF.shape[1])
+    block_f = min(1024, next_pow2(f))
+    _activate_splits_kernel[(num_pairs, ceil_div(f, block_f))](
+        part_SNF2,
+        routing.topk_ids,
+        out_NF,
+        f,
+        float(config.swiglu_alpha),
+        float(config.swiglu_limit),
+        part_SNF2.stride(0),
+        part_SNF2.stride(1),
+        out_NF.stride(0),
+        ACT=_ACTIVATION_CODE[config.activation],
+        SPLIT=int(part_SNF2.shape[0]),
+        BLOCK_F=block_f,
+    )
 
 
 def dequantize_experts(b: ExpertMatrix, lo: int, hi: int, out: torch.Tensor) -> None:

@@ -1,7 +1,7 @@
 """gpt-oss expert biases in the Triton kernels (interpreter, tiny shapes), vs the oracle.
 
-Every path (byte and word GEMVs, GEMM with each dequantization scheme and a K-split w2,
-dequant) and both router-weight placements; the bias is added once, after the input's
+Every path (byte and word GEMVs, GEMM with each dequantization scheme and a K-split w2
+or w13, dequant) and both router-weight placements; the bias is added once, after the input's
 router weight, before the activation (w13) and before the output's router weight (w2).
 int4 weights (triton-w4a16) are held to ``INTERPRETER_INT4_REL_L2`` (float32 in the
 interpreter, like the oracle); triton-emulation's 16-bit weights to ``REL_L2_VS_ORACLE``.
@@ -56,6 +56,16 @@ PATHS: dict[str, tuple[str, MoETiles | None, GemvTiles | None]] = {
     "gemm-split-2": ("gemm", _tiles(swap=False), None),
     "gemm-halves-split-2": ("gemm", _tiles(swap=True, halves=True), None),
     "gemm-words-split-2": ("gemm", _tiles(swap=True, words=True), None),
+    "gemm-w13-split-2": (
+        "gemm",
+        attrs.evolve(
+            _tiles(swap=True, words=True),
+            w13=GemmTiles(
+                block_n=32, block_k=32, swap_ab=True, int4_words=True, split_k=2
+            ),
+        ),
+        None,
+    ),
     "dequant": ("dequant", None, None),
 }
 

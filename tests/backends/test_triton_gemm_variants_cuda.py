@@ -97,6 +97,18 @@ VARIANTS = {
         w13=attrs.evolve(MMA_RING, block_n=64, copy_steps=4),
         w2=attrs.evolve(MMA_RING, block_n=64, copy_steps=4, split_k=2),
     ),
+    "mma-8x128x128-ring2-copy2-w13split4-split2": MoETiles(
+        block_m=8,
+        w13=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=4),
+        w2=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=2),
+    ),
+    "words-swap-16x64x128-w13split2": attrs.evolve(
+        _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
+        w13=attrs.evolve(
+            _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True).w13,
+            split_k=2,
+        ),
+    ),
 }
 """``mma``: the Gluon kernel; row blocks of 8, 16 and 32 tokens, splits of 2 and 3.
 ``_tiles`` asks for 3 stages, so the first four read the words through a three-stage
@@ -104,7 +116,9 @@ cp.async ring one step a copy group; the fifth loads them one step ahead in regi
 (the table's 8-row form before copy groups); the last two copy 2 steps a group (the
 table's 8-row form, here with split 3: w2 splits of 2 steps, the last one partial) and
 4 (w2 split 2: 3 steps a split, so a group runs past its split's end); the ring's
-look-ahead copies run past every split's end."""
+look-ahead copies run past every split's end. The last two split w13's K too (4 ways
+of the Gluon kernel's 2-step groups over 12 steps, 2 of the Triton word kernel's):
+float32 partials that ``launch_activate`` sums and activates."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])

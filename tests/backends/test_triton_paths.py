@@ -267,6 +267,23 @@ GEMM_VARIANTS = {
     "mma-fallback": MoETiles(
         block_m=16, w13=configs.MMA_TILES, w2=attrs.evolve(configs.MMA_TILES, split_k=2)
     ),
+    # w13's K split: float32 partials, summed and activated by launch_activate
+    "w13-split-2-words-swap": MoETiles(
+        block_m=16,
+        w13=GemmTiles(block_n=32, block_k=32, swap_ab=True, int4_words=True, split_k=2),
+        w2=GemmTiles(block_n=32, block_k=32, swap_ab=True, int4_words=True),
+    ),
+    # K = 96 in steps of 32 split 4 ways: the last split has no step; halves on w13
+    "w13-split-4-halves": MoETiles(
+        block_m=16,
+        w13=GemmTiles(block_n=32, block_k=32, nibble_halves=True, split_k=4),
+        w2=GemmTiles(block_n=32, block_k=32, split_k=2),
+    ),
+    "mma-fallback-w13-split-2": MoETiles(
+        block_m=16,
+        w13=attrs.evolve(configs.MMA_TILES, split_k=2),
+        w2=attrs.evolve(configs.MMA_TILES, split_k=2),
+    ),
 }
 
 
@@ -454,13 +471,62 @@ def test_group_per_row_with_k_below_block_k(
     check_w4a16(weights, config, hidden_TD, routing, path="gemm", tiles=tiles)
 
 
-def test_w13_tiles_refuse_split_k() -> None:
-    with pytest.raises(ValueError, match=r"w13\.split_k must be 1"):
+def test_w13_split_refuses_w2_nibble_halves() -> None:
+    """The activation of a K-split w13 writes w2's input unpermuted."""
+    with pytest.raises(ValueError, match=r"w2\.nibble_halves needs w13\.split_k == 1"):
         MoETiles(
             block_m=16,
             w13=GemmTiles(block_n=32, block_k=64, split_k=2),
-            w2=GemmTiles(block_n=32, block_k=32),
+            w2=GemmTiles(block_n=32, block_k=32, nibble_halves=True),
         )
+    tiles = MoETiles(  # w2 halves with an unsplit w13, or a split w13 alone, are fine
+        block_m=16,
+        w13=GemmTiles(block_n=32, block_k=64, nibble_halves=True, split_k=2),
+        w2=GemmTiles(block_n=32, block_k=32),
+    )
+    assert tiles.w13.split_k == 2
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "perm_out", "match"),
+    [
+        ((2, 5, 48), torch.float32, 32, r"unpermuted, got perm_out=32"),
+        (
+            (3, 5, 48),
+            torch.float32,
+            0,
+            r"\(2, N, 48\) partials, got shape \(3, 5, 48\)",
+        ),
+        ((2, 5, 24), torch.float32, 0, r"got shape \(2, 5, 24\)"),
+        ((5, 48), torch.float32, 0, r"got shape \(5, 48\)"),
+        ((2, 5, 48), torch.bfloat16, 0, r"float32 partials, got torch.bfloat16"),
+    ],
+)
+def test_w13_split_checks_its_partials(
+    shape: tuple[int, ...], dtype: torch.dtype, perm_out: int, match: str
+) -> None:
+    """A K-split w13 writes float32 (split, pairs, 2F) partials in plain K order."""
+    with pytest.raises(ValueError, match=match):
+        launch._check_split_rows(torch.empty(shape, dtype=dtype), 2, 24, perm_out)
+
+
+def test_w13_split_on_16_bit_weights(generator: torch.Generator) -> None:
+    """triton-emulation's GEMM with w13's K split (and a pair held elsewhere)."""
+    config = tiny_config()
+    weights = weights_for(SCHEMES[1], torch.float16, generator)
+    with pytest.warns(EmulationMemoryWarning):
+        prepared = TritonEmulationBackend().prepare(
+            weights, config, dtype=torch.float16
+        )
+    hidden_TD = torch.randn(5, D, generator=generator).to(torch.float16)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    ids = routing.topk_ids.clone()
+    ids[2, 0] = -1
+    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    tiles = GEMM_VARIANTS["w13-split-2-words-swap"]
+    out = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, tiles=tiles)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float16]
 
 
 def test_inline_ptx_is_for_cuda_tensors_only() -> None:
