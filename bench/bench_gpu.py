@@ -54,8 +54,9 @@ GEMV_LOOP_VARIANTS: dict[str, dict[str, object]] = {
 GROUP = 128
 HERE = Path(__file__).resolve().parent
 FLUSH = torch.empty(512 * 1024**2, dtype=torch.uint8, device="cuda")  # > 60 MB L2
-FLUSH_MODE = os.environ.get("BENCH_FLUSH", "write")
-"""How ``flush_l2`` evicts L2 before each timed replay: ``write`` or ``read``."""
+FLUSH_MODE = os.environ.get("BENCH_FLUSH", "read")
+"""How ``flush_l2`` evicts L2 before each timed replay: ``read`` (the default since
+2026-12-04) or ``write`` (before)."""
 
 
 def flush_l2() -> None:
@@ -331,6 +332,7 @@ def main() -> None:
         "copy_bw": bw,
         "bf16_flops": rate,
         "gemv_variant": variant,
+        "l2_flush": FLUSH_MODE,
     }
     print(f"copy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
     rows: list[dict[str, object]] = []

@@ -49,7 +49,12 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "FLOPs / bf16 rate); bytes = active experts' int4 weights + bf16 scales + x in",
         "and out (intermediates not counted: a fused kernel need not round-trip them).",
         "Eager times include launch overhead; `graph` = CUDA-graph replay (M <= 64), L2",
-        "flushed before every timed run. Outputs checked against the float32 reference",
+        "flushed before every timed run: eager by `triton.testing.do_bench` (it zeroes a",
+        f"buffer), each replay by a {meta.get('l2_flush', 'write')} of 512 MB "
+        "(`BENCH_FLUSH`; a write leaves about 50 MB",
+        "of dirty lines in L2 that the timed kernels' reads must write back: a 117 MB read",
+        "took 45 us after it, 37 us after a read; bench/sweeps/probe_read_sizes_h200.log).",
+        "Outputs checked against the float32 reference",
         f"before timing, eager and replayed (the run stops at a relative L2 error of {MAX_RELERR};",
         "`relerr` columns in results.json). GEMV loop variant: "
         f"`{meta['gemv_variant']}` (bench/sweep_tiles.py).",

@@ -4,12 +4,20 @@
 # nine parallel pytest jobs (JOB_S seconds each at most, default 450), logs concatenated into
 # $OUT/cuda_tests.log. On an H200 the bench took 1-6 min and the tests about 5 (most of
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
-# pass "bench" or "tests" to run one half per call.
+# pass "bench" or "tests" to run one half per call ("bench-both": the benchmark first with
+# L2 flushed by a write, BENCH_FLUSH=write, its log and results.json kept aside in $OUT,
+# then as "bench").
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
 status=0
 mode="${1:-all}"
+if [ "$mode" = "bench-both" ]; then  # first with L2 flushed by a write, kept aside
+  BENCH_FLUSH=write timeout 270 python bench/bench_gpu.py > "$out/bench_flush_write.log" 2>&1 || status=1
+  cp bench/results.json "$out/results_flush_write.json"
+  tail -1 "$out/bench_flush_write.log"
+  mode=bench
+fi
 if [ "$mode" != "tests" ]; then
   timeout 540 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
   tail -3 "$out/bench.log"

@@ -428,22 +428,57 @@ MMA_SMALL_BLOCK: Final = 8
 more take 16-row blocks with the words read through a cp.async ring of
 ``MMA_RING_STAGES`` steps, one step a copy group."""
 MMA_RING_STAGES: Final = 3
-MMA_MAX_STEPS: Final = 64
+MMA_MAX_STEPS: Final = 32
 """In 8-row blocks the w2 GEMM also splits K while its programs would run more than
-this many 128-column steps (``mma_split_for``)."""
+this many 128-column steps (``mma_split_for``), and the w13 GEMM splits K in two
+above it, or at it when its programs are fewer than ``MMA_W13_MIN_PROGRAMS``
+(``mma_w13_split``)."""
+MMA_W13_MIN_PROGRAMS: Final = 2 * 3 * NUM_SMS_H200
+"""Two waves of the 8-row form's programs (3 a multiprocessor: 150 registers, 64 KB of
+shared memory)."""
 
 
 def mma_split_for(split: int, k: int) -> int:
     """``split`` (``split_for``'s) doubled while a split has > ``MMA_MAX_STEPS`` steps.
 
-    At most 8 ways. Mixtral-8x7B's w2 (K = 14336, 112 steps) in 8-row blocks, split 2
-    against ``split_for``'s 1 (bench/sweeps/probe_mma_copy_rule_h200.log, graph replay,
-    ms): 0.251 vs 0.290 at M = 8, 0.297 vs 0.307 at M = 16, 0.336 vs 0.373 at M = 32;
-    doubling the split of the other models' w2 (6-16 steps) cost 1-7%.
+    At most 8 ways. Mixtral-8x7B's w2 (K = 14336, 112 steps) in 8-row blocks, graph
+    replay, ms: split 2 against ``split_for``'s 1
+    (bench/sweeps/probe_mma_copy_rule_h200.log) 0.251 vs 0.290 at M = 8, 0.297 vs 0.307
+    at M = 16, 0.336 vs 0.373 at M = 32; then split 4 against 2
+    (bench/sweeps/probe_mma_w13split_h200.log, L2 flushed by a read) 0.1455 vs 0.1491 at
+    M = 2, 0.1994 vs 0.2150 at M = 4, 0.1804 vs 0.1966 at M = 8, 0.2414 vs 0.2431 at
+    M = 16, 0.3426 vs 0.3445 at M = 32 (8 ways: within 2% of 4). Doubling the split of
+    the other models' w2 (6-16 steps) cost 1-7%.
     """
     while -(-k // (split * 128)) > MMA_MAX_STEPS and split < 8:
         split *= 2
     return split
+
+
+def mma_w13_split(k: int, programs: float) -> int:
+    """K splits of the w13 GEMM in 8-row blocks: 2 or 1 (``MoETiles``).
+
+    Two where its programs would run more than ``MMA_MAX_STEPS`` 128-column steps, or
+    exactly that many while fewer than ``MMA_W13_MIN_PROGRAMS`` (``programs``: the
+    expected busy experts times the column tiles). Graph replay, ms, L2 flushed by a
+    read (bench/sweeps/probe_mma_w13split_h200.log), split 2 against 1, each with the
+    w2 split of ``mma_split_for``: DeepSeek-V3 (56 steps) 0.745 vs 0.812 at M = 16,
+    1.494 vs 1.603 at M = 64; Mixtral-8x7B (32 steps, 112 tiles an expert) 0.1346 vs
+    0.1455 at M = 2 (3.3 busy experts), 0.1894 vs 0.1994 at M = 4 (5.3), 0.1746 vs
+    0.1804 at M = 8 (7.0), but 0.2469 vs 0.2414 at M = 16 and 0.3533 vs 0.3426 at
+    M = 32; Qwen3-235B-A22B (32 steps, 12 tiles) 0.1131 vs 0.1154 at M = 4, 0.2542 vs
+    0.2586 at M = 16, 0.4080 vs 0.4010 at M = 64; Qwen3-30B-A3B (16 steps) 0.0913 vs
+    0.0930 at M = 16, 0.1305 vs 0.1224 at M = 64. Four ways were slower than two in
+    every cell. The w13 split adds a launch (``launch_activate``).
+    """
+    steps = -(-k // 128)
+    few = programs < MMA_W13_MIN_PROGRAMS
+    return 2 if steps > MMA_MAX_STEPS or (steps == MMA_MAX_STEPS and few) else 1
+
+
+def expected_busy_experts(num_pairs: int, num_experts: int) -> float:
+    """Experts that ``num_pairs`` uniformly routed pairs reach, on average."""
+    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** num_pairs)
 
 
 def int4_tiles(
@@ -475,8 +510,8 @@ def int4_tiles(
     With ``mma`` the decode row runs the Gluon kernel (``MMA_TILES``, 128 x 128, 4
     warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert, the words
     through a 2-stage cp.async ring of 2-step copy groups and the w2 split also by
-    ``mma_split_for``; else in 16-row blocks with a 3-stage ring of one step a group,
-    the w2 split as before. The copy groups read each row's 64-byte pieces of two
+    ``mma_split_for``, the w13 split by ``mma_w13_split``; else in 16-row blocks with
+    a 3-stage ring of one step a group, the w2 split as before. The copy groups read each row's 64-byte pieces of two
     steps back to back (bench/sweeps/probe_mma_copy_h200.log and
     probe_mma_copy_rule_h200.log, graph replay, ms, against the one-step registers
     form): DeepSeek-V3 M = 64 1.65 vs 2.06, Qwen3-235B M = 64 0.40 vs 0.52, Mixtral
@@ -499,11 +534,15 @@ def int4_tiles(
             if small
             else attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
         )
+        split13 = 1
         if small:
             split = mma_split_for(split, inter)
+            tiles13 = -(-inter // mma_tiles.block_n)  # gated: gate and up rows
+            busy = expected_busy_experts(num_pairs, num_experts)
+            split13 = mma_w13_split(hidden, busy * tiles13)
         return MoETiles(
             block_m=MMA_SMALL_BLOCK if small else 16,
-            w13=mma_tiles,
+            w13=attrs.evolve(mma_tiles, split_k=split13),
             w2=attrs.evolve(mma_tiles, split_k=split),
         )
     if per_expert <= INT4_FEW_PER_EXPERT:

@@ -108,7 +108,7 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
             intermediate_size=2048, mma=True,
         )  # fmt: skip
 
-    assert tiles(512, 256).w13 == configs.MMA_TILES  # 2 per expert
+    assert tiles(512, 256).w13 == attrs.evolve(configs.MMA_TILES, split_k=2)
     assert tiles(512, 256).block_m == 8
     assert tiles(2048, 256).block_m == 8  # 8 per expert
     assert (tiles(2048, 256).w13.num_stages, tiles(2048, 256).w13.copy_steps) == (2, 2)
@@ -126,11 +126,12 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
 
 def test_mma_w2_split_for_long_reductions() -> None:
     """In 8-row blocks the w2 GEMM splits K until <= MMA_MAX_STEPS steps a split."""
-    assert configs.mma_split_for(1, 14336) == 2  # Mixtral: 112 steps, then 56
-    assert configs.mma_split_for(4, 14336) == 4  # already short enough
+    assert configs.MMA_MAX_STEPS == 32
+    assert configs.mma_split_for(1, 14336) == 4  # Mixtral: 112 steps, then 56, 28
+    assert configs.mma_split_for(8, 14336) == 8  # already short enough
     assert configs.mma_split_for(1, 2048) == 1  # DeepSeek-V3: 16 steps
-    assert configs.mma_split_for(1, 128 * 64) == 1
-    assert configs.mma_split_for(1, 128 * 64 + 1) == 2
+    assert configs.mma_split_for(1, 128 * 32) == 1
+    assert configs.mma_split_for(1, 128 * 32 + 1) == 2
     assert configs.mma_split_for(1, 1 << 24) == 8  # at most 8 ways
 
     def tiles(pairs: int, experts: int, inter: int) -> MoETiles:
@@ -140,10 +141,39 @@ def test_mma_w2_split_for_long_reductions() -> None:
         )  # fmt: skip
 
     assert tiles(32, 8, 14336).block_m == 8
-    assert tiles(32, 8, 14336).w2.split_k == 2  # Mixtral-8x7B at M = 16
-    assert tiles(32, 8, 14336).w13.split_k == 1
+    assert tiles(32, 8, 14336).w2.split_k == 4  # Mixtral-8x7B at M = 16
     assert tiles(128, 8, 14336).block_m == 16  # 16 per expert: the split as before
     assert tiles(128, 8, 14336).w2.split_k == configs.split_for(8 * 64, 14336, 128)
+
+
+def test_mma_w13_split_for_long_or_few_programs() -> None:
+    """In 8-row blocks w13 splits K in two above MMA_MAX_STEPS steps, or at it with
+    fewer than two waves of programs (expected busy experts times column tiles)."""
+    assert configs.mma_w13_split(7168, 1e6) == 2  # DeepSeek-V3: 56 steps
+    assert configs.mma_w13_split(4096, 791) == 2  # 32 steps, under two waves
+    assert configs.mma_w13_split(4096, 792) == 1
+    assert configs.mma_w13_split(4096 - 127, 10) == 2  # 32 steps, the last partial
+    assert configs.mma_w13_split(4096 - 128, 10) == 1  # 31 steps
+    assert configs.mma_w13_split(2048, 10) == 1  # Qwen3-30B-A3B: 16 steps
+    assert configs.expected_busy_experts(1, 8) == pytest.approx(1.0)
+    assert configs.expected_busy_experts(16, 8) == pytest.approx(8 * (1 - 0.875**16))
+    assert configs.expected_busy_experts(10**6, 256) == pytest.approx(256.0)
+
+    def tiles(m: int, model: tuple[int, int, int, int]) -> MoETiles:
+        e, k, d, f = model
+        return configs.choose_tiles(
+            num_pairs=m * k, num_experts=e, hidden_size=d, intermediate_size=f,
+            mma=True,
+        )  # fmt: skip
+
+    mixtral, deepseek = (8, 2, 4096, 14336), (256, 8, 7168, 2048)
+    qwen235, qwen30 = (128, 8, 4096, 1536), (128, 8, 2048, 768)
+    # Mixtral: 112 column tiles an expert; 5.3 busy at M = 4, 7.0 at 8, 7.9 at 16
+    assert [tiles(m, mixtral).w13.split_k for m in (2, 4, 8, 16, 32)] == [2, 2, 2, 1, 1]
+    assert [tiles(m, deepseek).w13.split_k for m in (1, 16, 64, 256)] == [2, 2, 2, 2]
+    assert tiles(512, deepseek).w13.split_k == 1  # 16 per expert: 16-row blocks
+    assert [tiles(m, qwen235).w13.split_k for m in (4, 16, 64)] == [2, 1, 1]
+    assert [tiles(m, qwen30).w13.split_k for m in (4, 16, 64)] == [1, 1, 1]
 
 
 def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
