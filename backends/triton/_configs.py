@@ -436,6 +436,11 @@ above it, or at it when its programs are fewer than ``MMA_W13_MIN_PROGRAMS``
 MMA_W13_MIN_PROGRAMS: Final = 2 * 3 * NUM_SMS_H200
 """Two waves of the 8-row form's programs (3 a multiprocessor: 150 registers, 64 KB of
 shared memory)."""
+MMA_W13_SPLIT_MAX_PER_EXPERT: Final = 2
+"""``mma_w13_split`` applies up to this many pairs per expert on average (the most
+measured: DeepSeek-V3 M = 64; at 4 and 8, M = 128 and 256, eager timings of one
+configuration swung 15% between runs, bench/sweeps/probe_mma_w13split_ds256_h200.log,
+and the benchmark had M = 256 at 2.81 ms split against 2.58 unsplit before)."""
 
 
 def mma_split_for(split: int, k: int) -> int:
@@ -510,7 +515,8 @@ def int4_tiles(
     With ``mma`` the decode row runs the Gluon kernel (``MMA_TILES``, 128 x 128, 4
     warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert, the words
     through a 2-stage cp.async ring of 2-step copy groups and the w2 split also by
-    ``mma_split_for``, the w13 split by ``mma_w13_split``; else in 16-row blocks with
+    ``mma_split_for``, the w13 split by ``mma_w13_split`` (up to
+    ``MMA_W13_SPLIT_MAX_PER_EXPERT`` pairs per expert); else in 16-row blocks with
     a 3-stage ring of one step a group, the w2 split as before. The copy groups read each row's 64-byte pieces of two
     steps back to back (bench/sweeps/probe_mma_copy_h200.log and
     probe_mma_copy_rule_h200.log, graph replay, ms, against the one-step registers
@@ -539,7 +545,8 @@ def int4_tiles(
             split = mma_split_for(split, inter)
             tiles13 = -(-inter // mma_tiles.block_n)  # gated: gate and up rows
             busy = expected_busy_experts(num_pairs, num_experts)
-            split13 = mma_w13_split(hidden, busy * tiles13)
+            if per_expert <= MMA_W13_SPLIT_MAX_PER_EXPERT:
+                split13 = mma_w13_split(hidden, busy * tiles13)
         return MoETiles(
             block_m=MMA_SMALL_BLOCK if small else 16,
             w13=attrs.evolve(mma_tiles, split_k=split13),
