@@ -10,8 +10,11 @@ path run by the Gluon kernel at the row blocks and (column tile, warps) of
 a 2-stage ring of 2-step copy groups, the w2 split as the table's, doubled and
 halved; ``PROBE_SET=7``: 64-column tiles of 2 or 4 warps, 2- or 4-step copy groups;
 ``PROBE_SET=8``: the table's tiles with w13's K split 1, 2 or 4 ways and the w2 split
-as the table's, doubled and quadrupled);
-under CUDA-graph replay at M <= 64 and eagerly above, each output
+as the table's, doubled and quadrupled; ``PROBE_SET=9``: both row-block forms of the
+Gluon kernel, each with w13 split 1, 2 or 4 ways and the w2 split as the table's or
+doubled);
+under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
+above, each output
 checked against the float32 reference first; ms and multiples of the floor.
 ``python bench/probe_mma.py host``: host time of an eager Qwen3-30B-A3B M = 64
 forward and a cProfile of it, the table's tiles against the Triton word GEMM
@@ -49,7 +52,7 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import GemmTiles, MoETiles
+from backends.triton._configs import MMA_RING_STAGES, MMA_TILES, GemmTiles, MoETiles
 from backends.triton._fused import fused_moe, pick_tiles
 from backends.triton._launch import ExpertMatrix
 from core.reference import moe_forward_reference
@@ -93,6 +96,19 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "9":
+        ring16 = attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
+        for bm, form in ((8, MMA_TILES), (16, ring16)):
+            for split13 in (1, 2, 4):
+                for factor in (1, 2):
+                    split2 = min(8, w2.split_k * factor)
+                    out[f"bm{bm} w13 split {split13} w2 split {split2}"] = MoETiles(
+                        block_m=bm,
+                        w13=attrs.evolve(form, split_k=split13),
+                        w2=attrs.evolve(form, split_k=split2),
+                    )
+        out["auto again"] = None
+        return out
     if os.environ.get("PROBE_SET") == "8":
         for split13 in (1, 2, 4):
             for factor in (1, 2, 4):
@@ -291,7 +307,8 @@ def main() -> None:
             for key, fn in fns.items():
                 try:
                     err = rel_err(ref, fn())
-                    ms = time_graph(fn) if m <= 64 else time_eager(fn)
+                    replay = m <= 64 or os.environ.get("PROBE_GRAPH") == "1"
+                    ms = time_graph(fn) if replay else time_eager(fn)
                 except Exception as exc:  # a variant may not compile
                     print(
                         f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400]

@@ -436,11 +436,11 @@ above it, or at it when its programs are fewer than ``MMA_W13_MIN_PROGRAMS``
 MMA_W13_MIN_PROGRAMS: Final = 2 * 3 * NUM_SMS_H200
 """Two waves of the 8-row form's programs (3 a multiprocessor: 150 registers, 64 KB of
 shared memory)."""
-MMA_W13_SPLIT_MAX_PER_EXPERT: Final = 2
-"""``mma_w13_split`` applies up to this many pairs per expert on average (the most
-measured: DeepSeek-V3 M = 64; at 4 and 8, M = 128 and 256, eager timings of one
-configuration swung 15% between runs, bench/sweeps/probe_mma_w13split_ds256_h200.log,
-and the benchmark had M = 256 at 2.81 ms split against 2.58 unsplit before)."""
+MMA_W13_SPLIT_MAX_PER_EXPERT: Final = 4
+"""``mma_w13_split`` applies up to this many pairs per expert on average. DeepSeek-V3,
+graph replay, ms (bench/sweeps/probe_mma_forms_split_h200.log): split 2 against 1,
+1.813 vs 1.907 at M = 128 (4 per expert), but 3.056 vs 2.591 at M = 256 (8; 4 ways
+2.631)."""
 
 
 def mma_split_for(split: int, k: int) -> int:
@@ -517,13 +517,15 @@ def int4_tiles(
     through a 2-stage cp.async ring of 2-step copy groups and the w2 split also by
     ``mma_split_for``, the w13 split by ``mma_w13_split`` (up to
     ``MMA_W13_SPLIT_MAX_PER_EXPERT`` pairs per expert); else in 16-row blocks with
-    a 3-stage ring of one step a group, the w2 split as before. The copy groups read each row's 64-byte pieces of two
-    steps back to back (bench/sweeps/probe_mma_copy_h200.log and
-    probe_mma_copy_rule_h200.log, graph replay, ms, against the one-step registers
-    form): DeepSeek-V3 M = 64 1.65 vs 2.06, Qwen3-235B M = 64 0.40 vs 0.52, Mixtral
-    M = 16 0.30 vs 0.35; in 16-row blocks they lost (Mixtral M = 64 0.44 vs 0.42).
-    Before them (``bench/probe_mma.py``, graph replay,
-    ms, against the word GEMM above (bench/sweeps/probe_mma2_h200.log): DeepSeek-V3
+    a 3-stage ring of one step a group, the w2 split as before (a w13 split lost
+    there: Mixtral M = 64 0.455 vs 0.416 ms, Qwen3-235B M = 256 0.792 vs 0.719;
+    bench/sweeps/probe_mma_forms_split_h200.log). The copy groups read each row's
+    64-byte pieces of two steps back to back (bench/sweeps/probe_mma_copy_h200.log
+    and probe_mma_copy_rule_h200.log, graph replay, ms, against the one-step
+    registers form): DeepSeek-V3 M = 64 1.65 vs 2.06, Qwen3-235B M = 64 0.40 vs 0.52,
+    Mixtral M = 16 0.30 vs 0.35; in 16-row blocks they lost (Mixtral M = 64 0.44 vs
+    0.42). Before them (``bench/probe_mma.py``, graph replay, ms, against the word
+    GEMM above (bench/sweeps/probe_mma2_h200.log): DeepSeek-V3
     M = 64 2.06 vs 2.82, Qwen3-235B M = 64 0.52 vs 0.70, Mixtral M = 16 0.36 vs
     0.47, Qwen3-30B-A3B M = 64 0.14 vs 0.21; the ring in 16-row blocks
     (probe_mma4_h200.log) against registers: Mixtral M = 64 0.42 vs 0.44,

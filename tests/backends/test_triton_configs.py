@@ -147,7 +147,7 @@ def test_mma_w2_split_for_long_reductions() -> None:
 
 
 def test_mma_w13_split_for_long_or_few_programs() -> None:
-    """In 8-row blocks of <= 2 pairs an expert, w13 splits K in two above
+    """In 8-row blocks of <= 4 pairs an expert, w13 splits K in two above
     MMA_MAX_STEPS steps, or at it with fewer than two waves of programs (expected busy
     experts times column tiles)."""
     assert configs.mma_w13_split(7168, 1e6) == 2  # DeepSeek-V3: 56 steps
@@ -171,8 +171,8 @@ def test_mma_w13_split_for_long_or_few_programs() -> None:
     qwen235, qwen30 = (128, 8, 4096, 1536), (128, 8, 2048, 768)
     # Mixtral: 112 column tiles an expert; 5.3 busy at M = 4, 7.0 at 8, 7.9 at 16
     assert [tiles(m, mixtral).w13.split_k for m in (2, 4, 8, 16, 32)] == [2, 2, 2, 1, 1]
-    assert [tiles(m, deepseek).w13.split_k for m in (1, 16, 64)] == [2, 2, 2]
-    assert tiles(128, deepseek).w13.split_k == 1  # 4 per expert: not split
+    assert [tiles(m, deepseek).w13.split_k for m in (1, 16, 64, 128)] == [2, 2, 2, 2]
+    assert tiles(256, deepseek).w13.split_k == 1  # 8 per expert: not split
     assert tiles(512, deepseek).w13.split_k == 1  # 16 per expert: 16-row blocks
     assert [tiles(m, qwen235).w13.split_k for m in (4, 16, 64)] == [2, 1, 1]
     assert [tiles(m, qwen30).w13.split_k for m in (4, 16, 64)] == [1, 1, 1]
