@@ -13,6 +13,7 @@ from backends.triton import (
     TritonEmulationBackend,
     TritonW4A16Backend,
 )
+from backends.triton._configs import choose_tiles
 from backends.triton._fused import use_gemv
 from backends.triton._launch import ExpertMatrix, _ptx_target
 from core.config import Activation, MoEConfig
@@ -21,6 +22,7 @@ from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
 from tests.backends.triton_cuda_cases import (
     SCHEMES,
+    check_fused,
     check_graph_replays,
     gpu_routing,
     int4_weights,
@@ -163,6 +165,27 @@ def test_sizes(name: str, size: tuple[int, int, int, int, int]) -> None:
     e, k, d, f, t = size
     scheme = SCHEMES[2] if f % 128 == 0 else SCHEMES[0]  # group 128, else 32
     _check(name, _config(e, k, d, f), scheme, torch.bfloat16, t)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(8, 2, 4096, 14336, 4), (256, 8, 7168, 2048, 16), (128, 8, 4096, 1536, 4)],
+    ids=["mixtral-T4", "deepseek-v3-T16", "qwen3-235b-T4"],
+)
+def test_w4a16_table_splits_w13_at_model_shapes(
+    size: tuple[int, int, int, int, int],
+) -> None:
+    """Where the table splits w13's K in two (``mma_w13_split``), the gemm path as the
+    table runs it, against the oracle, with a pair held elsewhere."""
+    e, k, d, f, t = size
+    tiles = choose_tiles(
+        num_pairs=t * k, num_experts=e, hidden_size=d, intermediate_size=f, mma=True
+    )
+    assert tiles.w13.split_k == 2
+    check_fused(
+        _config(e, k, d, f), SCHEMES[2], torch.bfloat16, t, seed=7, path="gemm",
+        drop=True,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", BACKENDS)
