@@ -22,7 +22,6 @@ before spending device time.
 
 import collections
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -127,13 +126,7 @@ def compile_gemv(
 
 
 def compile_mma(
-    *,
-    gated: bool,
-    block_m: int,
-    stages: int,
-    group: int,
-    copy_steps: int = 1,
-    **extra: object,
+    *, gated: bool, block_m: int, stages: int, group: int, copy_steps: int = 1
 ) -> Any:
     """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -144,14 +137,12 @@ def compile_mma(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": 128,
         "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
         "WARPS": 4, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
-        "X_AHEAD": True, **extra,
     }  # fmt: skip
     signature, attrs = _signature(params, constants, MMA_POINTERS)
     source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)
-    options: dict[str, object] = {"num_warps": 4}
-    if os.environ.get("MAXNREG"):
-        options["maxnreg"] = int(os.environ["MAXNREG"])
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}
+    )
 
 
 def describe(compiled: Any) -> str:

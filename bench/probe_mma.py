@@ -12,9 +12,7 @@ halved; ``PROBE_SET=7``: 64-column tiles of 2 or 4 warps, 2- or 4-step copy grou
 ``PROBE_SET=8``: the table's tiles with w13's K split 1, 2 or 4 ways and the w2 split
 as the table's, doubled and quadrupled; ``PROBE_SET=9``: both row-block forms of the
 Gluon kernel, each with w13 split 1, 2 or 4 ways and the w2 split as the table's or
-doubled; ``PROBE_SET=10``: the table's tiles with each step's activation loaded at
-that step (``GemmTiles.x_ahead`` False), and in 16-row blocks also w13 capped at 168
-or 128 registers);
+doubled);
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -98,22 +96,6 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
-    if os.environ.get("PROBE_SET") == "10":
-        late = {"x_ahead": False}
-        out["x each step"] = MoETiles(
-            block_m=default.block_m,
-            w13=attrs.evolve(w13, **late),  # type: ignore[arg-type]
-            w2=attrs.evolve(w2, **late),  # type: ignore[arg-type]
-        )
-        if default.block_m == 16:
-            for regs in (168, 128):
-                out[f"x each step, w13 <= {regs} regs"] = MoETiles(
-                    block_m=16,
-                    w13=attrs.evolve(w13, x_ahead=False, max_registers=regs),
-                    w2=attrs.evolve(w2, x_ahead=False),
-                )
-        out["auto again"] = None
-        return out
     if os.environ.get("PROBE_SET") == "9":
         ring16 = attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
         for bm, form in ((8, MMA_TILES), (16, ring16)):

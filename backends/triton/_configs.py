@@ -55,10 +55,6 @@ class GemmTiles:
             with its next steps' instead of a step later: the H200 read 2.4 TB/s
             from 64 bytes a row at a time and 3.9-4.1 TB/s from two such reads back
             to back (bench/sweeps/probe_read_tiles_h200.log).
-        x_ahead: with ``mma``: load the next step's activation one step ahead in
-            registers (True), or each step's at the start of that step (False:
-            about 50 fewer registers in 16-row blocks, the load's latency exposed).
-        max_registers: with ``mma``: ptxas's register cap (``maxnreg``), or None.
     """
 
     block_n: int
@@ -72,17 +68,8 @@ class GemmTiles:
     int4_words: bool = False
     mma: bool = False
     copy_steps: int = 1
-    x_ahead: bool = True
-    max_registers: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        if not self.mma and (not self.x_ahead or self.max_registers is not None):
-            msg = (
-                "GemmTiles.x_ahead=False and max_registers are the Gluon kernel's "
-                f"(mma=True), got x_ahead={self.x_ahead}, "
-                f"max_registers={self.max_registers}"
-            )
-            raise ValueError(msg)
         if self.copy_steps not in (1, 2, 4):
             msg = f"GemmTiles.copy_steps must be 1, 2 or 4, got {self.copy_steps}"
             raise ValueError(msg)

@@ -308,7 +308,6 @@ def _moe_gemm_mma_kernel(
     STAGES: gl.constexpr,
     COPY_STEPS: gl.constexpr,
     K32: gl.constexpr,
-    X_AHEAD: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
@@ -366,10 +365,9 @@ def _moe_gemm_mma_kernel(
     acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
-    # Each step loads the next step's scales and input (``X_AHEAD``; else its own
-    # input at its start) and, without a ring, its words before its own math; with a
-    # ring the words of STAGES - 1 copy groups of COPY_STEPS steps ahead are in flight
-    # by cp.async.
+    # Each step loads the next step's scales and input (and, without a ring, its
+    # words) before its own math; with a ring the words of STAGES - 1 copy groups of
+    # COPY_STEPS steps ahead are in flight by cp.async.
     RING: gl.constexpr = STAGES > 1
     # k_end // 8; with K32 its divisibility by 4 is visible: 16-byte word loads
     w_end = k_end // 32 * 4 if K32 else k_end // 8
@@ -384,9 +382,8 @@ def _moe_gemm_mma_kernel(
                 N, GATED, STAGES, COPY_STEPS,
             )  # fmt: skip
     it = 0
-    if X_AHEAD:  # else each step loads its own activation at its start
-        cols = k_start + offs_kx
-        x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
+    cols = k_start + offs_kx
+    x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
     wd, s_b, bias = _load_words(
         w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, w_end, stride_wn, stride_sn,
         GROUP, HAS_ZP, CT, POST_SCALE, RING,
@@ -401,16 +398,10 @@ def _moe_gemm_mma_kernel(
     )
     for k0 in range(k_start, k_end, 128):
         nk = k0 + 128
-        if X_AHEAD:
-            cols = nk + offs_kx
-            x_next = gl.load(
-                a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
-            )
-        else:
-            cols = k0 + offs_kx
-            x = gl.load(
-                a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
-            )
+        cols = nk + offs_kx
+        x_next = gl.load(
+            a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
+        )
         wd_next, s_next, bias_next = _load_words(
             w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, w_end, stride_wn, stride_sn,
             GROUP, HAS_ZP, CT, POST_SCALE, RING,
@@ -459,8 +450,7 @@ def _moe_gemm_mma_kernel(
             wd_up = wd_up_next
             s_up = s_up_next
             bias_up = bias_up_next
-        if X_AHEAD:
-            x = x_next
+        x = x_next
         wd = wd_next
         s_b = s_next
         bias = bias_next

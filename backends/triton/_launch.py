@@ -261,11 +261,9 @@ def launch_gemm(
     if mma:
         from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
-        cap = {} if tiles.max_registers is None else {"maxnreg": tiles.max_registers}
         _moe_gemm_mma_kernel[grid](
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
             STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
-            X_AHEAD=tiles.x_ahead, **cap,
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](

@@ -187,15 +187,6 @@ def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
         GemmTiles(block_n=32, block_k=64, int4_words=True)
 
 
-def test_gemm_tiles_x_ahead_and_register_cap_are_the_gluon_kernels() -> None:
-    with pytest.raises(ValueError, match=r"x_ahead=False and max_registers .* mma"):
-        GemmTiles(block_n=64, block_k=128, swap_ab=True, int4_words=True, x_ahead=False)
-    with pytest.raises(ValueError, match=r"got x_ahead=True, max_registers=168"):
-        GemmTiles(block_n=64, block_k=128, max_registers=168)
-    tiles = attrs.evolve(configs.MMA_TILES, x_ahead=False, max_registers=168)
-    assert (tiles.x_ahead, tiles.max_registers) == (False, 168)
-
-
 def test_gemm_tiles_mma_needs_words_and_its_tile_shape() -> None:
     with pytest.raises(ValueError, match="mma needs int4_words"):
         GemmTiles(block_n=64, block_k=128, swap_ab=True, mma=True)
