@@ -473,8 +473,8 @@ def mma_w13_split(k: int, programs: float) -> int:
     0.1804 at M = 8 (7.0), but 0.2469 vs 0.2414 at M = 16 and 0.3533 vs 0.3426 at
     M = 32; Qwen3-235B-A22B (32 steps, 12 tiles) 0.1131 vs 0.1154 at M = 4, 0.2542 vs
     0.2586 at M = 16, 0.4080 vs 0.4010 at M = 64; Qwen3-30B-A3B (16 steps) 0.0913 vs
-    0.0930 at M = 16, 0.1305 vs 0.1224 at M = 64. Four ways were slower than two in
-    every cell. The w13 split adds a launch (``launch_activate``).
+    0.0930 at M = 16, 0.1305 vs 0.1224 at M = 64. Four ways were slower than two
+    wherever two won. The w13 split adds a launch (``launch_activate``).
     """
     steps = -(-k // 128)
     few = programs < MMA_W13_MIN_PROGRAMS
@@ -545,9 +545,9 @@ def int4_tiles(
         split13 = 1
         if small:
             split = mma_split_for(split, inter)
-            tiles13 = -(-inter // mma_tiles.block_n)  # gated: gate and up rows
-            busy = expected_busy_experts(num_pairs, num_experts)
             if per_expert <= MMA_W13_SPLIT_MAX_PER_EXPERT:
+                tiles13 = -(-inter // mma_tiles.block_n)  # gated: gate and up rows
+                busy = expected_busy_experts(num_pairs, num_experts)
                 split13 = mma_w13_split(hidden, busy * tiles13)
         return MoETiles(
             block_m=MMA_SMALL_BLOCK if small else 16,

@@ -259,7 +259,7 @@ def _gemm_moe(
             perm_out=perm_out,
         )  # fmt: skip
         if part13 is not None:
-            launch_activate(part13, routing, config, inter_NF)
+            launch_activate(part13, routing, config, inter_NF, experts=(lo, hi))
         b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
         launch_gemm(
             inter_NF, b2, part_SND, align, tiles.w2, n=d, routing=routing,

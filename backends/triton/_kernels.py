@@ -379,6 +379,8 @@ def _activate_splits_kernel(
     F,
     alpha,
     limit,
+    expert_lo,
+    expert_hi,
     # strides
     stride_ps,
     stride_pm,
@@ -390,12 +392,15 @@ def _activate_splits_kernel(
 ):
     """``out[p, j] = act(gate) * up`` of the w13 GEMM's K-split partials.
 
-    ``gate = sum over s of part[s, p, j]``, ``up`` the same at ``F + j``; pairs of
-    id ``-1`` (experts not held here) get zeros. One program per pair and column block.
+    ``gate = sum over s of part[s, p, j]``, ``up`` the same at ``F + j``, for the
+    pairs routed to experts ``expert_lo .. expert_hi - 1`` (those the GEMM just
+    computed); the other pairs' rows (ids ``-1`` among them) are neither read nor
+    written. One program per pair and column block.
     """
     pair = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    mask = (offs < F) & (tl.load(ids_ptr + pair) >= 0)
+    e = tl.load(ids_ptr + pair)
+    mask = (offs < F) & (e >= expert_lo) & (e < expert_hi)
     row = part_ptr + pair.to(tl.int64) * stride_pm + offs
     gate = tl.zeros([BLOCK_F], dtype=tl.float32)
     up = tl.zeros([BLOCK_F], dtype=tl.float32)
@@ -407,5 +412,5 @@ def _activate_splits_kernel(
     tl.store(
         out_ptr + pair.to(tl.int64) * stride_om + offs,
         out.to(out_ptr.dtype.element_ty),
-        mask=offs < F,
+        mask=mask,
     )

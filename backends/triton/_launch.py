@@ -496,11 +496,17 @@ def reduce_topk(
 
 
 def launch_activate(
-    part_SNF2: torch.Tensor, routing: Routing, config: MoEConfig, out_NF: torch.Tensor
+    part_SNF2: torch.Tensor,
+    routing: Routing,
+    config: MoEConfig,
+    out_NF: torch.Tensor,
+    *,
+    experts: tuple[int, int],
 ) -> None:
     """``out_NF = act(gate) * up`` of a K-split w13 GEMM's partials ``(S, N, 2F)``.
 
-    Pairs of id ``-1`` get zeros (``_activate_splits_kernel``).
+    Only the rows of pairs routed to ``experts`` ``(lo, hi)`` (the GEMM's) are read
+    and written (``_activate_splits_kernel``).
     """
     from backends.triton._kernels import _activate_splits_kernel
 
@@ -513,6 +519,8 @@ def launch_activate(
         f,
         float(config.swiglu_alpha),
         float(config.swiglu_limit),
+        experts[0],
+        experts[1],
         part_SNF2.stride(0),
         part_SNF2.stride(1),
         out_NF.stride(0),

@@ -344,6 +344,17 @@ def test_dequant_prefill_path_matches_oracle_and_gemm(
     assert_matches_gemm(*run_path("dequant", case, 5, generator))
 
 
+def test_dequant_path_with_a_w13_split(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tiles that split w13's K also work chunk by chunk on the dequant path: each
+    chunk's activation reads and writes only the pairs of its own experts."""
+    monkeypatch.setattr(configs, "DEQUANT_SCRATCH_BYTES", 1)  # one expert a chunk
+    tiles = GEMM_VARIANTS["w13-split-2-words-swap"]
+    case: PathCase = (SCHEMES[1], "gelu", torch.float16, 2, False)
+    run_path("dequant", case, 5, generator, tiles=tiles)
+
+
 def test_dequant_path_refuses_16_bitweights_for(generator: torch.Generator) -> None:
     dense = ExpertMatrix(data=torch.zeros(E, 2 * F, D, dtype=torch.bfloat16))
     routing = route_topk(torch.randn(1, E, generator=generator), tiny_config())
