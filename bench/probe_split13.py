@@ -95,29 +95,22 @@ def main() -> None:
             )  # fmt: skip
             align = align_pairs_to_blocks(r.topk_ids, e, block_m=table.block_m)
             x_n = x.repeat_interleave(k, dim=0)
+
+            def gemv13() -> None:
+                launch_gemv(
+                    x, w13, inter, n=f, routing=r, config=config, gated=True, tiles=gt
+                )
+
+            def gemv2() -> None:
+                launch_gemv(
+                    inter, w2, gpart, n=d, routing=r, config=config, gated=False,
+                    tiles=gt2, split=gsplit,
+                )  # fmt: skip
+
             fns: dict[str, Callable[[], object]] = {
                 "layer": lambda: fused_moe(x, w13, w2, r, config),
-                "gemv13": lambda: launch_gemv(
-                    x,
-                    w13,
-                    inter,
-                    n=f,
-                    routing=r,
-                    config=config,
-                    gated=True,
-                    tiles=gt,
-                ),
-                "gemv2": lambda: launch_gemv(
-                    inter,
-                    w2,
-                    gpart,
-                    n=d,
-                    routing=r,
-                    config=config,
-                    gated=False,
-                    tiles=gt2,
-                    split=gsplit,
-                ),
+                "gemv13": gemv13,
+                "gemv2": gemv2,
                 "align": lambda: align_pairs_to_blocks(
                     r.topk_ids, e, block_m=table.block_m
                 ),

@@ -308,21 +308,38 @@ def test_mma_tiles_with_8_row_blocks_need_the_gluon_kernel(
         run_path("gemm", case, 5, generator, tiles=tiles)
 
 
-def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) -> None:
-    """16-bit weights read unpermuted inputs whatever the tiles ask for."""
+def _emulation_layer_matches_oracle(
+    tiles: MoETiles,
+    scheme: Int4Scheme,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+    *,
+    drop: bool,
+) -> None:
+    """triton-emulation's GEMM with ``tiles`` on the tiny layer, five tokens (with
+    ``drop``, token 2's first choice held elsewhere), against the oracle."""
     config = tiny_config()
-    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    weights = weights_for(scheme, dtype, generator)
     with pytest.warns(EmulationMemoryWarning):
-        prepared = TritonEmulationBackend().prepare(
-            weights, config, dtype=torch.bfloat16
-        )
-    hidden_TD = torch.randn(5, D, generator=generator).to(torch.bfloat16)
+        prepared = TritonEmulationBackend().prepare(weights, config, dtype=dtype)
+    hidden_TD = torch.randn(5, D, generator=generator).to(dtype)
     routing = route_topk(torch.randn(5, E, generator=generator), config)
+    if drop:
+        ids = routing.topk_ids.clone()
+        ids[2, 0] = -1
+        routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
     w13, w2 = prepared.w13, prepared.w2
-    tiles = _gemm_tiles(swap=True, halves=True)
     out = fused_moe(hidden_TD, w13, w2, routing, config, tiles=tiles)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.bfloat16]
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
+
+
+def test_nibble_halves_leave_16_bit_weights_alone(generator: torch.Generator) -> None:
+    """16-bit weights read unpermuted inputs whatever the tiles ask for."""
+    tiles = _gemm_tiles(swap=True, halves=True)
+    _emulation_layer_matches_oracle(
+        tiles, SCHEMES[0], torch.bfloat16, generator, drop=False
+    )
 
 
 @pytest.mark.parametrize(
@@ -523,21 +540,10 @@ def test_w13_split_checks_its_partials(
 
 def test_w13_split_on_16_bit_weights(generator: torch.Generator) -> None:
     """triton-emulation's GEMM with w13's K split (and a pair held elsewhere)."""
-    config = tiny_config()
-    weights = weights_for(SCHEMES[1], torch.float16, generator)
-    with pytest.warns(EmulationMemoryWarning):
-        prepared = TritonEmulationBackend().prepare(
-            weights, config, dtype=torch.float16
-        )
-    hidden_TD = torch.randn(5, D, generator=generator).to(torch.float16)
-    routing = route_topk(torch.randn(5, E, generator=generator), config)
-    ids = routing.topk_ids.clone()
-    ids[2, 0] = -1
-    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
     tiles = GEMM_VARIANTS["w13-split-2-words-swap"]
-    out = fused_moe(hidden_TD, prepared.w13, prepared.w2, routing, config, tiles=tiles)
-    expected = moe_forward_reference(hidden_TD, weights, routing, config)
-    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float16]
+    _emulation_layer_matches_oracle(
+        tiles, SCHEMES[1], torch.float16, generator, drop=True
+    )
 
 
 def test_inline_ptx_is_for_cuda_tensors_only() -> None:
