@@ -262,6 +262,25 @@ def _dequant(
 
 
 @gluon.jit
+def _mma_step(
+    acc, words, s_b, bias, b, sc,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+):  # fmt: skip
+    """``acc`` plus one 128-column step: the dequantized words times the input ``b``.
+
+    With ``POST_SCALE`` the step's product is scaled by the row scales ``sc``.
+    """
+    a = _dequant(words, s_b, bias, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
+    if POST_SCALE:
+        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+        acc += mma_v2(a, b, zero) * sc
+    else:
+        acc = mma_v2(a, b, acc)
+    return acc
+
+
+@gluon.jit
 def _moe_gemm_mma_kernel(
     # pointers
     a_ptr,
@@ -432,21 +451,19 @@ def _moe_gemm_mma_kernel(
                 wd_up = ring_up.index(slot).load(W_LAYOUT)
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
         b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
-        a = _dequant(wd, s_b, bias, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
+        acc = _mma_step(
+            acc, wd, s_b, bias, b, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+            POST_SCALE,
+        )  # fmt: skip
         if POST_SCALE:
-            zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
-            acc += mma_v2(a, b, zero) * sc
             sc = sc_next
-        else:
-            acc = mma_v2(a, b, acc)
         if GATED:
-            a_up = _dequant(wd_up, s_up, bias_up, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
+            acc_up = _mma_step(
+                acc_up, wd_up, s_up, bias_up, b, sc_up, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+                ACC_LAYOUT, POST_SCALE,
+            )  # fmt: skip
             if POST_SCALE:
-                zero_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
-                acc_up += mma_v2(a_up, b, zero_up) * sc_up
                 sc_up = sc_up_next
-            else:
-                acc_up = mma_v2(a_up, b, acc_up)
             wd_up = wd_up_next
             s_up = s_up_next
             bias_up = bias_up_next
