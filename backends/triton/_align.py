@@ -9,7 +9,7 @@ CUDA graph and replayed.
 import attrs
 import torch
 
-from backends.triton._configs import next_pow2
+from backends.triton._configs import ALIGN_ONE_LAUNCH_MAX_PAIRS, next_pow2
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -49,8 +49,10 @@ def align_pairs_to_blocks(
 ) -> BlockAlignment:
     """Group the routed pairs by expert (stable) into blocks of ``block_m`` rows.
 
-    Two launches of ``E`` programs each: count the pairs per expert, then place them.
-    Ids of ``-1`` (experts not held here) land in no block.
+    Up to ``ALIGN_ONE_LAUNCH_MAX_PAIRS`` routed pairs one launch of ``E`` programs,
+    each of which counts the pairs of every expert and places its own; above, two
+    (count the pairs per expert, then place them). Ids of ``-1`` (experts not held
+    here) land in no block.
 
     Args:
         topk_ids_TK: ``(T, K)`` integer expert ids in ``[-1, E)``.
@@ -63,12 +65,15 @@ def align_pairs_to_blocks(
     num_pairs = int(ids_N.shape[0])
     blocks = max_row_blocks(num_pairs, num_experts, block_m)
     device = ids_N.device
-    counts_E = torch.empty(num_experts, dtype=torch.int32, device=device)
     sorted_R = torch.empty(blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=device)
     block_rows = torch.empty(blocks, dtype=torch.int32, device=device)
     chunk = min(1024, max(16, next_pow2(num_pairs)))
-    _count_experts_kernel[(num_experts,)](ids_N, counts_E, num_pairs, BLOCK=chunk)
+    one_launch = num_pairs <= ALIGN_ONE_LAUNCH_MAX_PAIRS
+    counts_E = block_rows  # unused by the one launch
+    if not one_launch:
+        counts_E = torch.empty(num_experts, dtype=torch.int32, device=device)
+        _count_experts_kernel[(num_experts,)](ids_N, counts_E, num_pairs, BLOCK=chunk)
     _align_blocks_kernel[(num_experts,)](
         ids_N,
         counts_E,
@@ -81,6 +86,7 @@ def align_pairs_to_blocks(
         BLOCK_M=block_m,
         BLOCK=chunk,
         E_PAD=max(16, next_pow2(num_experts)),
+        COUNT=one_launch,
     )
     return BlockAlignment(
         sorted_pairs=sorted_R,

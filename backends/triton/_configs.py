@@ -239,6 +239,14 @@ GEMV_16BIT_MAX_EXPERT: Final = 1 << 23
 DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 128
+ALIGN_ONE_LAUNCH_MAX_PAIRS: Final = 2048
+"""Up to this many routed pairs the alignment is one launch whose programs each count
+every expert's pairs; above, a count launch first. H200, graph replay
+(``bench/probe_align.py``, ``sweeps/probe_align_h200.log``), alignment alone: one
+launch 4.9-6.7 us against 6.4-8.2 up to 512 pairs, 9.1-10.3 against 9.8-10.5 at 2048
+(DeepSeek-V3's a tie), slower from 8192 (22.1-24.1 against 19.2-20.9; 78-83 against
+57-62 at 32768). Whole layers on the gemm path at M = 4-64: 1.5-2.4 us faster in 7
+of 9 cells, the other two within the spread of two replays of one form."""
 GEMV_MAX_PAIRS_MMA: Final = 64
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
 experts); where w13 reads as int32 words (``int4_words_fit``) up to ``GEMV_MAX_PAIRS`` at

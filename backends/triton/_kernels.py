@@ -54,16 +54,28 @@ def _align_blocks_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK: tl.constexpr,
     E_PAD: tl.constexpr,
+    COUNT: tl.constexpr,
 ):
     """Place expert ``e``'s pairs in its ``BLOCK_M`` row blocks; one program per expert.
 
-    Writes ``sorted[first*BLOCK_M + rank] = pair`` (stable), ``block_expert`` and
-    ``block_rows`` (valid rows) of the expert's blocks; program 0 marks the unused
-    blocks after the last expert with ``-1``.
+    The pairs per expert come from ``counts_ptr`` (``_count_experts_kernel``), or with
+    ``COUNT`` each program counts every expert's pairs itself (a histogram of the
+    ids; ``counts_ptr`` unused). Then it writes ``sorted[first*BLOCK_M + rank] = pair``
+    (stable), ``block_expert`` and ``block_rows`` (valid rows) of the expert's blocks;
+    program 0 marks the unused blocks after the last expert with ``-1``. Ids outside
+    ``[0, num_experts)`` land in no block.
     """
     e = tl.program_id(0)
     offs_e = tl.arange(0, E_PAD)
-    counts = tl.load(counts_ptr + offs_e, mask=offs_e < num_experts, other=0)
+    if COUNT:
+        counts = tl.zeros([E_PAD], dtype=tl.int32)
+        for start in range(0, num_pairs, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
+            held = (ids >= 0) & (ids < num_experts)
+            counts += tl.histogram(ids.to(tl.int32), E_PAD, mask=held)  # int32 bins
+    else:
+        counts = tl.load(counts_ptr + offs_e, mask=offs_e < num_experts, other=0)
     nblocks = (counts + BLOCK_M - 1) // BLOCK_M
     ends = tl.cumsum(nblocks, axis=0)
     my_count = tl.sum(tl.where(offs_e == e, counts, 0), axis=0)

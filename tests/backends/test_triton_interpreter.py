@@ -156,8 +156,13 @@ def test_zero_and_one_token(
     _check(name, tiny_config(), SCHEMES[2], torch.bfloat16, generator, tokens=tokens)
 
 
-def test_alignment_groups_pairs_stably_by_expert(generator: torch.Generator) -> None:
-    ids_TK = torch.randint(-1, E, (9, 3), generator=generator)
+# 9 and 600 tokens of 3 pairs: one launch (1800 pairs: two 1024-id chunks); 700: the
+# count launch first (2100 > ALIGN_ONE_LAUNCH_MAX_PAIRS)
+@pytest.mark.parametrize("tokens", [9, 600, 700])
+def test_alignment_groups_pairs_stably_by_expert(
+    tokens: int, generator: torch.Generator
+) -> None:
+    ids_TK = torch.randint(-1, E, (tokens, 3), generator=generator)
     align = align_pairs_to_blocks(ids_TK, E, block_m=4)
     order_N, counts_E = sort_tokens_by_expert(ids_TK, E)
     experts, rows = align.block_expert.tolist(), align.block_rows.tolist()
