@@ -230,16 +230,33 @@ def replay_graph(fn: Callable[[], object], reps: int = 50) -> tuple[float, objec
     return times[len(times) // 2], out
 
 
+def floor_bytes(m: int, active: int, d: int, f: int) -> float:
+    """The active experts' int4 codes and bf16 group scales, and x in and out (bf16).
+
+    Intermediates are not counted: a fully fused kernel need not round-trip them, so
+    these are the least bytes any implementation must move.
+    """
+    return active * 3 * f * d * (0.5 + 2 / GROUP) + 2 * m * d * 2
+
+
 def floor_ms(
     m: int, active: int, e: int, k: int, d: int, f: int, bw: float, rate: float
 ) -> float:
-    """Bytes: the active experts' int4 codes and bf16 group scales, and x in and out
-    (bf16). Intermediates are not counted: a fully fused kernel need not round-trip
-    them, so the floor is the least any implementation must move.
+    """max(``floor_bytes`` / copy bandwidth, FLOPs / bf16 rate), in ms."""
+    return max(floor_bytes(m, active, d, f) / bw, 2 * m * k * 3 * f * d / rate) * 1e3
+
+
+def bare_read_ms(nbytes: float) -> float | None:
+    """Graph-replayed ms of one ``torch.sum`` over ``nbytes`` (float32), L2 flushed.
+
+    What a kernel that only read the floor's bytes, and did nothing with them, would
+    take under the same timing: the floor divides by the copy bandwidth of a 2 GiB
+    copy, which short reads do not reach.
     """
-    wbytes = active * 3 * f * d * (0.5 + 2 / GROUP)
-    abytes = 2 * m * d * 2
-    return max((wbytes + abytes) / bw, 2 * m * k * 3 * f * d / rate) * 1e3
+    buf = torch.zeros(int(nbytes) // 4, dtype=torch.float32, device="cuda")
+    ms = time_graph(lambda: buf.sum())
+    del buf
+    return ms
 
 
 def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
@@ -290,6 +307,8 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
             "grouped_mm-bf16": lambda: grouped_mm_anchor(x, w13t, w2t, r),
             "tinygemm-loop": lambda: tinygemm_loop(x, tiny[0], tiny[1], r),
         }
+        if m <= 64:
+            row["bare-read_graph_ms"] = bare_read_ms(floor_bytes(m, active, d, f))
         ref = moe_forward_reference(x, q, r, config)
         for key, fn in fns.items():
             row[f"{key}_relerr"] = checked(ref, fn(), f"{name} M={m} {key}")

@@ -67,9 +67,15 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "on the same int4 codes and scales repacked for it; eager only (it reads each",
         "expert's token count on the host, so it cannot be captured in a CUDA graph).",
         "",
-        "| model | M | active | floor ms | path | w4a16 | w4a16 graph | emulation "
-        "| emulation graph | grouped_mm bf16 | grouped_mm graph | tinygemm loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "`bare read graph`: one `torch.sum` over as many bytes as the floor counts,",
+        "replayed and flushed the same way (M <= 64): what a kernel that only read",
+        "those bytes takes. Short reads do not reach the 2 GiB copy's bandwidth that",
+        "the floor divides by, and a replayed graph costs a few us before any work.",
+        "",
+        "| model | M | active | floor ms | bare read graph | path | w4a16 | w4a16 graph "
+        "| emulation | emulation graph | grouped_mm bf16 | grouped_mm graph "
+        "| tinygemm loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         cols = [
@@ -83,9 +89,8 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         ]
         lines.append(
             f"| {row['model']} | {row['M']} | {row['active']} | "
-            f"{float(row['floor_ms']):.3f} | {row['w4a16_path']} | "  # type: ignore[arg-type]
-            + " | ".join(cell(row, c) for c in cols)
-            + " |"
+            f"{float(row['floor_ms']):.3f} | {cell(row, 'bare-read_graph_ms')} | "  # type: ignore[arg-type]
+            f"{row['w4a16_path']} | " + " | ".join(cell(row, c) for c in cols) + " |"
         )
     return "\n".join(lines) + "\n"
 
@@ -140,6 +145,18 @@ def targets_markdown(rows: list[dict[str, object]]) -> list[str]:
             f"{' / '.join(str(m) for m, _ in mults)} | {model} | "
             f"{' / '.join(f'{x:.2f}x' for _, x in mults)} | {verdict} |"
         )
+        reads = [
+            f"{v / float(r['floor_ms']):.2f}x"  # type: ignore[arg-type]
+            for r in rows
+            if r["model"] == model
+            and _ms(r, "triton-w4a16_graph_ms")
+            and (v := _ms(r, "bare-read_graph_ms"))
+        ]
+        if len(reads) == len(mults):
+            lines.append(
+                f"| (for scale: a bare read of the floor's bytes, replayed, at the "
+                f"same M) | {model} | {' / '.join(reads)} | - |"
+            )
     for r in rows:
         mine, anchor = _ms(r, "triton-w4a16_ms"), _ms(r, "grouped_mm-bf16_ms")
         if r["M"] == 4096 and mine and anchor:
@@ -200,6 +217,10 @@ def plot(rows: list[dict[str, object]], name: str, path: Path) -> None:
     ms = [r["M"] for r in mine]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(ms, [r["floor_ms"] for r in mine], "k--", label="floor")
+    reads = [(r["M"], r.get("bare-read_graph_ms")) for r in mine]
+    reads = [(a, b) for a, b in reads if isinstance(b, float)]
+    if reads:
+        ax.plot(*zip(*reads, strict=True), "k:", label="bare read of the floor's bytes")
     for key in KEYS:
         for suffix, style in (("_ms", "-o"), ("_graph_ms", ":s")):
             pts = [(r["M"], r.get(key + suffix)) for r in mine]
