@@ -20,6 +20,7 @@ from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
+from tests.backends.alignment_cases import check_alignment
 from tests.backends.triton_cuda_cases import (
     SCHEMES,
     check_fused,
@@ -186,6 +187,21 @@ def test_w4a16_table_splits_w13_at_model_shapes(
         _config(e, k, d, f), SCHEMES[2], torch.bfloat16, t, seed=7, path="gemm",
         drop=True,
     )  # fmt: skip
+
+
+# (E, T, K): one launch (<= ALIGN_ONE_LAUNCH_MAX_PAIRS pairs: 1, 2 and 2 chunks of
+# 1024 ids), then the count launch first (4096 and 32768 pairs)
+@pytest.mark.parametrize(
+    "shape", [(8, 1, 2), (256, 150, 8), (128, 256, 8), (8, 2048, 2), (256, 4096, 8)]
+)
+@pytest.mark.parametrize("block_m", [8, 16, 64])
+def test_alignment_groups_pairs_stably_by_expert(
+    shape: tuple[int, int, int], block_m: int
+) -> None:
+    e, t, k = shape
+    generator = torch.Generator(device="cuda").manual_seed(e * t + block_m)
+    ids_TK = torch.randint(-1, e, (t, k), device="cuda", generator=generator)
+    check_alignment(ids_TK, e, block_m)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

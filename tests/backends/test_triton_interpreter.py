@@ -18,15 +18,15 @@ from backends.triton import (
     TritonEmulationPrepared,
     TritonW4A16Backend,
 )
-from backends.triton._align import align_pairs_to_blocks
 from backends.triton._launch import ExpertMatrix
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
 from core.layout import CANONICAL_LAYOUT
 from core.reference import moe_forward_reference
-from core.routing import Routing, route_topk, sort_tokens_by_expert
+from core.routing import Routing, route_topk
 from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
+from tests.backends.alignment_cases import check_alignment
 from tests.backends.triton_interpreter_cases import (
     INTERPRETER_ONLY,
     SCHEMES,
@@ -162,19 +162,7 @@ def test_zero_and_one_token(
 def test_alignment_groups_pairs_stably_by_expert(
     tokens: int, generator: torch.Generator
 ) -> None:
-    ids_TK = torch.randint(-1, E, (tokens, 3), generator=generator)
-    align = align_pairs_to_blocks(ids_TK, E, block_m=4)
-    order_N, counts_E = sort_tokens_by_expert(ids_TK, E)
-    experts, rows = align.block_expert.tolist(), align.block_rows.tolist()
-    got: list[int] = []
-    for b, (expert, n_rows) in enumerate(zip(experts, rows, strict=True)):
-        got += align.sorted_pairs[b * 4 : b * 4 + n_rows].tolist()
-        assert (expert == -1) == (n_rows == 0)
-    assert got == order_N[: int(counts_E.sum())].tolist()
-    expected_blocks = [
-        e for e, c in enumerate(counts_E.tolist()) for _ in range(-(-c // 4))
-    ]
-    assert [e for e in experts if e >= 0] == expected_blocks
+    check_alignment(torch.randint(-1, E, (tokens, 3), generator=generator), E, 4)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
