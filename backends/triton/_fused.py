@@ -73,7 +73,7 @@ def use_gemv(
     ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
     expert's weights once per pair (1.6 times on average at one pair per expert under
     uniform routing, 1.3 at one per two), without the GEMM's 16-row minimum or its
-    alignment (two fewer launches).
+    alignment launch.
     """
     experts = int(w13.data.shape[0])
     if not enabled:
