@@ -12,7 +12,9 @@ halved; ``PROBE_SET=7``: 64-column tiles of 2 or 4 warps, 2- or 4-step copy grou
 ``PROBE_SET=8``: the table's tiles with w13's K split 1, 2 or 4 ways and the w2 split
 as the table's, doubled and quadrupled; ``PROBE_SET=9``: both row-block forms of the
 Gluon kernel, each with w13 split 1, 2 or 4 ways and the w2 split as the table's or
-doubled);
+doubled; ``PROBE_SET=11``: the activation through the ring, ``GemmTiles.x_shared``,
+in 8-, 16- and 32-row blocks; ``PROBE_SET=12``: the table's splits in 16-row blocks
+with ``x_shared``);
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -96,6 +98,34 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "12":
+        form = attrs.evolve(MMA_TILES, num_stages=2, copy_steps=2, x_shared=True)
+        out["xs bm16 ring2x2"] = MoETiles(
+            block_m=16,
+            w13=attrs.evolve(form, split_k=w13.split_k),
+            w2=attrs.evolve(form, split_k=w2.split_k),
+        )
+        out["table gemm again"] = default
+        return out
+    if os.environ.get("PROBE_SET") == "11":
+        for bm, stages, copy in (
+            (8, 2, 2),
+            (16, 3, 1),
+            (16, 2, 2),
+            (32, 2, 2),
+            (32, 3, 1),
+        ):
+            form = attrs.evolve(
+                MMA_TILES, num_stages=stages, copy_steps=copy, x_shared=True
+            )
+            for split13 in (1, w13.split_k) if w13.split_k > 1 else (1,):
+                out[f"xs bm{bm} ring{stages}x{copy} w13 split {split13}"] = MoETiles(
+                    block_m=bm,
+                    w13=attrs.evolve(form, split_k=split13),
+                    w2=attrs.evolve(form, split_k=w2.split_k),
+                )
+        out["auto again"] = None
+        return out
     if os.environ.get("PROBE_SET") == "9":
         ring16 = attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
         for bm, form in ((8, MMA_TILES), (16, ring16)):

@@ -55,6 +55,11 @@ class GemmTiles:
             with its next steps' instead of a step later: the H200 read 2.4 TB/s
             from 64 bytes a row at a time and 3.9-4.1 TB/s from two such reads back
             to back (bench/sweeps/probe_read_tiles_h200.log).
+        x_shared: with ``mma`` and a ring: the activation comes through the ring too
+            (each step's ``(block_m, 128)`` tile copied with its words) and enters
+            the MMA in four 32-column sub-steps read from shared memory, instead of
+            being loaded a step ahead into registers (64 registers a thread for two
+            steps of 16 rows, 128 of 32).
     """
 
     block_n: int
@@ -68,6 +73,7 @@ class GemmTiles:
     int4_words: bool = False
     mma: bool = False
     copy_steps: int = 1
+    x_shared: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.copy_steps not in (1, 2, 4):
@@ -76,6 +82,13 @@ class GemmTiles:
         if self.copy_steps > 1 and not (self.mma and self.num_stages > 1):
             msg = (
                 "GemmTiles.copy_steps > 1 needs mma=True and num_stages > 1 (the Gluon "
+                f"kernel's cp.async ring), got mma={self.mma}, "
+                f"num_stages={self.num_stages}"
+            )
+            raise ValueError(msg)
+        if self.x_shared and not (self.mma and self.num_stages > 1):
+            msg = (
+                "GemmTiles.x_shared needs mma=True and num_stages > 1 (the Gluon "
                 f"kernel's cp.async ring), got mma={self.mma}, "
                 f"num_stages={self.num_stages}"
             )
@@ -436,6 +449,21 @@ MMA_SMALL_BLOCK: Final = 8
 more take 16-row blocks with the words read through a cp.async ring of
 ``MMA_RING_STAGES`` steps, one step a copy group."""
 MMA_RING_STAGES: Final = 3
+MMA_SHARED_INPUT_MIN_PER_EXPERT: Final = 7
+"""From this many pairs per expert (ceiling average) up to ``MMA_SMALL_BLOCK``, and
+above it for experts of ``hidden * inter`` < ``MMA_SHARED_INPUT_MAX_EXPERT``, the decode
+row takes 16-row blocks with the input through the ring (``GemmTiles.x_shared``; 2
+stages of 2-step copy groups; 172 registers for the gated w13 instead of 227, offline
+sm_90). Graph replay, ms, against the table before
+(bench/sweeps/probe_mma_x_shared_h200.log, probe_mma_x_shared_rule_h200.log): Mixtral
+M = 20 / 24 / 28 / 32 (5-8 pairs an expert) 0.274 / 0.279 / 0.283 / 0.289 against
+0.252 / 0.278 / 0.283 / 0.322; DeepSeek-V3 M = 160 / 192 / 224 / 256 2.04 / 2.13 /
+2.19 / 2.14 against 2.01 / 2.20 / 2.40 / 2.52; Qwen3-235B M = 96 / 128 (6 and 8)
+0.447 / 0.462 against 0.449 / 0.531; 16 pairs an expert: Qwen3-235B M = 256 0.675
+against 0.718, Qwen3-30B-A3B M = 256 0.195 against 0.219, but Mixtral M = 64 0.452
+against 0.414. At <= 4 pairs an expert the 8-row form stays ahead (Mixtral M = 16
+0.245 against 0.269). One run of each cell."""
+MMA_SHARED_INPUT_MAX_EXPERT: Final = 1 << 23
 MMA_MAX_STEPS: Final = 32
 """In 8-row blocks the w2 GEMM also splits K while its programs would run more than
 this many 128-column steps (``mma_split_for``), and the w13 GEMM splits K in two
@@ -525,7 +553,11 @@ def int4_tiles(
     through a 2-stage cp.async ring of 2-step copy groups and the w2 split also by
     ``mma_split_for``, the w13 split by ``mma_w13_split`` (up to
     ``MMA_W13_SPLIT_MAX_PER_EXPERT`` pairs per expert); else in 16-row blocks with
-    a 3-stage ring of one step a group, the w2 split as before (a w13 split lost
+    a 3-stage ring of one step a group, the w2 split as before; from
+    ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` pairs per expert (past ``MMA_SMALL_BLOCK``
+    only for experts below ``MMA_SHARED_INPUT_MAX_EXPERT``) in 16-row blocks of
+    ``MMA_TILES`` with the input through the ring, the splits as the form it
+    replaces would take them (a w13 split lost
     there: Mixtral M = 64 0.455 vs 0.416 ms, Qwen3-235B M = 256 0.792 vs 0.719;
     bench/sweeps/probe_mma_forms_split_h200.log). The copy groups read each row's
     64-byte pieces of two steps back to back (bench/sweeps/probe_mma_copy_h200.log
@@ -557,8 +589,13 @@ def int4_tiles(
                 tiles13 = -(-inter // mma_tiles.block_n)  # gated: gate and up rows
                 busy = expected_busy_experts(num_pairs, num_experts)
                 split13 = mma_w13_split(hidden, busy * tiles13)
+        shared = per_expert >= MMA_SHARED_INPUT_MIN_PER_EXPERT and (
+            small or hidden * inter < MMA_SHARED_INPUT_MAX_EXPERT
+        )
+        if shared:
+            mma_tiles = attrs.evolve(MMA_TILES, x_shared=True)
         return MoETiles(
-            block_m=MMA_SMALL_BLOCK if small else 16,
+            block_m=MMA_SMALL_BLOCK if small and not shared else 16,
             w13=attrs.evolve(mma_tiles, split_k=split13),
             w2=attrs.evolve(mma_tiles, split_k=split),
         )

@@ -97,6 +97,33 @@ def _input_layout(block_m, warps):
 
 
 @gluon.constexpr_function
+def _input_sub_layout(block_m, warps):
+    """A 32-column slice of the activation from the shared ring, ``(block_m, 32)``.
+
+    Position ``8c + e`` holds real column ``32c + 8r + e`` of sub-step ``r``; lane
+    ``4g + c`` holds positions ``8c .. 8c+7`` of tokens ``g`` (and ``g + 8``, ... in
+    registers), the same in every warp.
+    """
+    token_reps = (block_m // 8).bit_length() - 1
+    return gl.DistributedLinearLayout(
+        reg_bases=_powers(1, 3, 1) + _powers(8, token_reps, 0),
+        lane_bases=_powers(8, 2, 1) + _powers(1, 3, 0),
+        warp_bases=[[0, 0]] * (warps.bit_length() - 1),
+        block_bases=[],
+        shape=[block_m, 32],
+    )
+
+
+@gluon.constexpr_function
+def _input_copy_layout(warps):
+    """Copies of one step's activation into the ring, ``(4 * block_m, 32)``.
+
+    Row ``r * block_m + m``: sub-step ``r``, token ``m``; 16 bytes a thread and copy.
+    """
+    return gl.BlockedLayout([1, 8], [8, 4], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
 def _acc_layout(warps):
     """The accumulator: ``mma.sync`` m16n8 tiles, warps along the rows."""
     return gl.NVMMADistributedLayout(
@@ -123,6 +150,54 @@ def _to_logical_b(x, BLOCK_M: gl.constexpr):
     v = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # [m, c, r, h, i1, i0]
     v = gl.permute(v, [2, 4, 5, 1, 3, 0])  # [r, i1, i0, c, h, m]
     return gl.reshape(v, [128, BLOCK_M])
+
+
+@gluon.jit
+def _to_logical_a32(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N: gl.constexpr):
+    """Nibble planes ``p_j[n, c]`` of sub-step ``r``'s words to ``(BLOCK_N, 32)``, logical K."""
+    q0 = gl.join(p0, p4)  # [n, c, h]
+    q1 = gl.join(p1, p5)
+    q2 = gl.join(p2, p6)
+    q3 = gl.join(p3, p7)
+    v = gl.join(gl.join(q0, q1), gl.join(q2, q3))  # [n, c, h, i0, i1]
+    v = gl.permute(v, [0, 4, 3, 1, 2])  # [n, i1, i0, c, h]
+    return gl.reshape(v, [BLOCK_N, 32])
+
+
+@gluon.jit
+def _to_logical_b32(x, BLOCK_M: gl.constexpr):
+    """A sub-step's activation slice ``x[m, 8c + e]`` to the ``(32, BLOCK_M)`` B tile."""
+    v = gl.reshape(x, [BLOCK_M, 4, 2, 2, 2])  # [m, c, h, i1, i0]
+    v = gl.permute(v, [3, 4, 1, 2, 0])  # [i1, i0, c, h, m]
+    return gl.reshape(v, [32, BLOCK_M])
+
+
+@gluon.jit
+def _split4(t, BLOCK_N: gl.constexpr):
+    """A ``(BLOCK_N, 16)`` words-layout tensor into its four ``(BLOCK_N, 4)`` sub-steps.
+
+    Word ``kw = 4c + r`` goes to sub-step ``r``, at column ``c``.
+    """
+    v = gl.reshape(t, [BLOCK_N, 4, 2, 2])  # [n, c, r1, r0]
+    e, o = gl.split(v)  # r0 = 0, 1
+    t0, t2 = gl.split(e)
+    t1, t3 = gl.split(o)
+    return t0, t1, t2, t3
+
+
+@gluon.jit
+def _copy_input(slots, x_base, x_mask, x_col, k0, k_end):
+    """Start the copy of the activation's step at ``k0`` into ``slots`` ``(4 BLOCK_M, 32)``.
+
+    ``x_base``, ``x_mask`` and ``x_col`` (``_input_copy_layout``) address row
+    ``r * BLOCK_M + m`` (sub-step ``r``, token ``m``), position ``8c + e`` at real
+    column ``32c + 8r + e``. Needs ``k_end % 32 == 0`` and rows of whole 16-byte
+    chunks (``launch_gemm`` runs ``X_SHARED`` only then), written so that Triton sees
+    it: 16-byte copies.
+    """
+    async_copy.async_copy_global_to_shared(
+        slots, x_base + k0, mask=x_mask & (x_col + k0 < k_end // 32 * 32)
+    )
 
 
 @gluon.jit
@@ -202,17 +277,26 @@ def _copy_words(slot, w_e, rows, row_mask, kw, k0, w_end, stride_wn):
 
 @gluon.jit
 def _copy_step(
-    ring, ring_up, group, w_e, rows, row_mask, kw, k_start, w_end, stride_wn, N,
+    ring, ring_up, x_ring, group, w_e, rows, row_mask, kw, k_start, w_end, stride_wn,
+    N, x_base, x_mask, x_col, k_end,
     GATED: gl.constexpr, STAGES: gl.constexpr, COPY_STEPS: gl.constexpr,
+    X_SHARED: gl.constexpr,
 ):  # fmt: skip
     """Copy group ``group`` of the ring: ``COPY_STEPS`` steps' words, one commit group.
 
     The steps from ``k_start + 128 * COPY_STEPS * group`` on (w13: gate and up
     rows) go to the group's ``COPY_STEPS`` ring slots. Each row's steps are copied one
-    right after the other: their 64-byte pieces of the row reach DRAM together.
+    right after the other: their 64-byte pieces of the row reach DRAM together. With
+    ``X_SHARED`` the steps' activation goes to ``x_ring`` too (``_copy_input``).
     """
     first = group % STAGES * COPY_STEPS
     k0 = k_start + 128 * COPY_STEPS * group
+    if X_SHARED:
+        for i in gl.static_range(COPY_STEPS):
+            _copy_input(
+                x_ring.index(first + i), x_base, x_mask, x_col, k0 + 128 * i,
+                k_end,
+            )  # fmt: skip
     for i in gl.static_range(COPY_STEPS):
         _copy_words(
             ring.index(first + i), w_e, rows, row_mask, kw, k0 + 128 * i, w_end,
@@ -281,6 +365,71 @@ def _mma_step(
 
 
 @gluon.jit
+def _mma_sub(
+    p, w, s_b, bias, xs,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, X_SUB: gl.constexpr,
+    POST_SCALE: gl.constexpr,
+):  # fmt: skip
+    """``p`` plus one 32-column sub-step: words ``w`` ``(BLOCK_N, 4)`` times ``xs``'s slice."""
+    BF16: gl.constexpr = CT == gl.bfloat16  # noqa: SIM300 (CT is a constexpr)
+    CODES: gl.constexpr = _BF16_CODES_ASM if BF16 else _FP16_CODES_ASM
+    WORD: gl.constexpr = _BF16_WORD_ASM if BF16 else _FP16_WORD_ASM
+    ASM: gl.constexpr = CODES if POST_SCALE else WORD
+    p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
+        ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s_b, bias],
+        dtype=(CT.value,) * 8, is_pure=True, pack=1,
+    )  # fmt: skip
+    a = gl.convert_layout(
+        _to_logical_a32(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N), A_LAYOUT
+    )
+    x = xs.load(X_SUB)
+    b = gl.convert_layout(_to_logical_b32(x.to(CT), BLOCK_M), B_LAYOUT)
+    return mma_v2(a, b, p)
+
+
+@gluon.jit
+def _mma_step_shared(
+    acc, words, s_b, bias, xs, sc,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr,
+    X_SUB: gl.constexpr, POST_SCALE: gl.constexpr,
+):  # fmt: skip
+    """``_mma_step`` with the activation from the shared ring ``xs`` ``(4 BLOCK_M, 32)``.
+
+    Four sub-steps of 32 columns: word ``4c + r`` of each lane in sub-step ``r``.
+    """
+    w0, w1, w2, w3 = _split4(words, BLOCK_N)
+    s0, s1, s2, s3 = _split4(s_b, BLOCK_N)
+    b0, b1, b2, b3 = _split4(bias, BLOCK_N)
+    if POST_SCALE:  # noqa: SIM108 (a constexpr branch, resolved at compile time)
+        p = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    else:
+        p = acc
+    p = _mma_sub(
+        p, w0, s0, b0, xs.slice(0, BLOCK_M), CT, BLOCK_N, BLOCK_M, A_LAYOUT, B_LAYOUT,
+        X_SUB, POST_SCALE,
+    )  # fmt: skip
+    p = _mma_sub(
+        p, w1, s1, b1, xs.slice(BLOCK_M, BLOCK_M), CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+        B_LAYOUT, X_SUB, POST_SCALE,
+    )  # fmt: skip
+    p = _mma_sub(
+        p, w2, s2, b2, xs.slice(2 * BLOCK_M, BLOCK_M), CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+        B_LAYOUT, X_SUB, POST_SCALE,
+    )  # fmt: skip
+    p = _mma_sub(
+        p, w3, s3, b3, xs.slice(3 * BLOCK_M, BLOCK_M), CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+        B_LAYOUT, X_SUB, POST_SCALE,
+    )  # fmt: skip
+    if POST_SCALE:
+        acc += p * sc
+    else:
+        acc = p
+    return acc
+
+
+@gluon.jit
 def _moe_gemm_mma_kernel(
     # pointers
     a_ptr,
@@ -327,6 +476,7 @@ def _moe_gemm_mma_kernel(
     STAGES: gl.constexpr,
     COPY_STEPS: gl.constexpr,
     K32: gl.constexpr,
+    X_SHARED: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
@@ -390,19 +540,45 @@ def _moe_gemm_mma_kernel(
     RING: gl.constexpr = STAGES > 1
     # k_end // 8; with K32 its divisibility by 4 is visible: 16-byte word loads
     w_end = k_end // 32 * 4 if K32 else k_end // 8
+    X_SUB: gl.constexpr = _input_sub_layout(BLOCK_M, WARPS)
+    x_base = None
+    x_cmask = None
+    x_col = None
+    if X_SHARED:  # the activation's copy addresses, (sub-step, token, position)
+        XC: gl.constexpr = _input_copy_layout(WARPS)
+        offs_q = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, XC))
+        offs_p = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, XC)), 0)
+        m_q = offs_q % BLOCK_M
+        x_col = (
+            32 * (offs_p // 8) + 8 * gl.expand_dims(offs_q // BLOCK_M, 1) + offs_p % 8
+        )
+        pairs_c = gl.load(
+            sorted_ptr + pid_b * BLOCK_M + m_q, mask=m_q < n_rows, other=0
+        )
+        rows_q = gl.expand_dims((pairs_c // A_DIV).to(gl.int64) * stride_am, 1)
+        x_base = a_ptr + rows_q + x_col  # [4 BLOCK_M, 32]; the copies add k0
+        x_cmask = gl.expand_dims(m_q < n_rows, 1)
     if RING:
         SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         SLOTS: gl.constexpr = STAGES * COPY_STEPS
         ring = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
         ring_up = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
+        x_ring = ring  # unused without X_SHARED
+        if X_SHARED:
+            x_ring = gl.allocate_shared_memory(
+                a_ptr.dtype.element_ty, [SLOTS, 4 * BLOCK_M, 32], SMEM
+            )
         for i in gl.static_range(STAGES - 1):
             _copy_step(
-                ring, ring_up, i, w_e, rows, row_mask, kw, k_start, w_end, stride_wn,
-                N, GATED, STAGES, COPY_STEPS,
+                ring, ring_up, x_ring, i, w_e, rows, row_mask, kw, k_start, w_end,
+                stride_wn, N, x_base, x_cmask, x_col, k_end, GATED, STAGES, COPY_STEPS,
+                X_SHARED,
             )  # fmt: skip
     it = 0
     cols = k_start + offs_kx
-    x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
+    x = offs_kx  # unused with X_SHARED
+    if not X_SHARED:
+        x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
     wd, s_b, bias = _load_words(
         w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, w_end, stride_wn, stride_sn,
         GROUP, HAS_ZP, CT, POST_SCALE, RING,
@@ -418,9 +594,10 @@ def _moe_gemm_mma_kernel(
     for k0 in range(k_start, k_end, 128):
         nk = k0 + 128
         cols = nk + offs_kx
-        x_next = gl.load(
-            a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
-        )
+        if not X_SHARED:
+            x_next = gl.load(
+                a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
+            )
         wd_next, s_next, bias_next = _load_words(
             w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, w_end, stride_wn, stride_sn,
             GROUP, HAS_ZP, CT, POST_SCALE, RING,
@@ -440,34 +617,56 @@ def _moe_gemm_mma_kernel(
             # at a group's first step: copy the next group in, wait for this one
             # (the condition inline: as a variable it costs an instruction at 1)
             if COPY_STEPS == 1 or it % COPY_STEPS == 0:
+                if X_SHARED:
+                    # every thread reads every thread's activation copies: wait for
+                    # this group, then a barrier, and only then overwrite the slots
+                    # the last group was read from
+                    async_copy.wait_group(STAGES - 2)
+                    gl.thread_barrier()
                 _copy_step(
-                    ring, ring_up, it // COPY_STEPS + STAGES - 1, w_e, rows, row_mask,
-                    kw, k_start, w_end, stride_wn, N, GATED, STAGES, COPY_STEPS,
+                    ring, ring_up, x_ring, it // COPY_STEPS + STAGES - 1, w_e, rows,
+                    row_mask, kw, k_start, w_end, stride_wn, N, x_base, x_cmask, x_col,
+                    k_end, GATED, STAGES, COPY_STEPS, X_SHARED,
                 )  # fmt: skip
-                async_copy.wait_group(STAGES - 1)
+                if not X_SHARED:
+                    async_copy.wait_group(STAGES - 1)
             slot = it // COPY_STEPS % STAGES * COPY_STEPS + it % COPY_STEPS
             wd = ring.index(slot).load(W_LAYOUT)
             if GATED:
                 wd_up = ring_up.index(slot).load(W_LAYOUT)
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
-        b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
-        acc = _mma_step(
-            acc, wd, s_b, bias, b, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
-            POST_SCALE,
-        )  # fmt: skip
+        if X_SHARED:
+            xs = x_ring.index(slot)
+            acc = _mma_step_shared(
+                acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, B_LAYOUT,
+                ACC_LAYOUT, X_SUB, POST_SCALE,
+            )  # fmt: skip
+        else:
+            b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
+            acc = _mma_step(
+                acc, wd, s_b, bias, b, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+                POST_SCALE,
+            )  # fmt: skip
         if POST_SCALE:
             sc = sc_next
         if GATED:
-            acc_up = _mma_step(
-                acc_up, wd_up, s_up, bias_up, b, sc_up, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
-                ACC_LAYOUT, POST_SCALE,
-            )  # fmt: skip
+            if X_SHARED:
+                acc_up = _mma_step_shared(
+                    acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
+                    A_LAYOUT, B_LAYOUT, ACC_LAYOUT, X_SUB, POST_SCALE,
+                )  # fmt: skip
+            else:
+                acc_up = _mma_step(
+                    acc_up, wd_up, s_up, bias_up, b, sc_up, CT, BLOCK_N, BLOCK_M,
+                    A_LAYOUT, ACC_LAYOUT, POST_SCALE,
+                )  # fmt: skip
             if POST_SCALE:
                 sc_up = sc_up_next
             wd_up = wd_up_next
             s_up = s_up_next
             bias_up = bias_up_next
-        x = x_next
+        if not X_SHARED:
+            x = x_next
         wd = wd_next
         s_b = s_next
         bias = bias_next

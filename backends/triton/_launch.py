@@ -204,7 +204,9 @@ def launch_gemm(
     ``_moe_gemm_kernel``, or with ``tiles.mma`` the Gluon ``_moe_gemm_mma_kernel``
     (same arguments) where words fit, ``mma_target`` holds and the row block is one of
     ``MMA_BLOCK_M``; 8-row blocks anywhere else are an error (the Triton kernel's
-    dots need 16 rows).
+    dots need 16 rows). ``tiles.x_shared`` applies where ``K % 32 == 0`` and the
+    input's rows are whole 16-byte copies (stride a multiple of 16); elsewhere the
+    same tiles load the input into registers.
 
     ``experts``: ``(lo, hi)``, the experts ``b`` holds (all, or a dequantized chunk);
     blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
@@ -264,6 +266,7 @@ def launch_gemm(
         _moe_gemm_mma_kernel[grid](
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
             STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
+            X_SHARED=tiles.x_shared and k % 32 == 0 and a_MK.stride(0) % 16 == 0,
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](

@@ -98,23 +98,32 @@ def test_int4_tiles_rule() -> None:
 
 
 def test_int4_tiles_rule_with_the_mma_kernel() -> None:
-    """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 8
-    pairs per expert (a 2-stage ring of 2-step copy groups), then 16 with a 3-stage
-    ring of one step a group; the prefill rows stay."""
+    """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 6
+    pairs per expert (a 2-stage ring of 2-step copy groups), 16-row ones with the
+    input through that ring at 7 and 8, then 16 with a 3-stage ring of one step a
+    group (the input through the 2-stage ring for small experts); the prefill rows
+    stay."""
 
-    def tiles(pairs: int, experts: int) -> MoETiles:
+    def tiles(pairs: int, experts: int, hidden: int = 7168) -> MoETiles:
         return configs.choose_tiles(
-            num_pairs=pairs, num_experts=experts, hidden_size=7168,
+            num_pairs=pairs, num_experts=experts, hidden_size=hidden,
             intermediate_size=2048, mma=True,
         )  # fmt: skip
 
     assert tiles(512, 256).w13 == attrs.evolve(configs.MMA_TILES, split_k=2)
     assert tiles(512, 256).block_m == 8
-    assert tiles(2048, 256).block_m == 8  # 8 per expert
-    assert (tiles(2048, 256).w13.num_stages, tiles(2048, 256).w13.copy_steps) == (2, 2)
+    assert tiles(1536, 256).block_m == 8  # 6 per expert
+    assert not tiles(1536, 256).w13.x_shared
+    shared = attrs.evolve(configs.MMA_TILES, x_shared=True)
+    for pairs in (1537, 2048):  # 7 and 8 per expert
+        assert tiles(pairs, 256).block_m == 16
+        assert tiles(pairs, 256).w13 == shared
+        assert tiles(pairs, 256).w2 == shared  # DeepSeek-V3's w2: 16 steps, 1 split
     assert tiles(2048, 128).block_m == 16  # 16 per expert
     assert tiles(2048, 128).w13.num_stages == configs.MMA_RING_STAGES
     assert tiles(2048, 128).w13.copy_steps == 1
+    assert not tiles(2048, 128).w13.x_shared  # a large expert
+    assert tiles(2048, 128, hidden=2048).w13 == shared  # a small one
     assert tiles(2048, 128).w2.mma
     assert tiles(2, 8).w2.split_k > 1
     assert not tiles(2049, 128).w13.mma  # 17 per expert: nibble halves
@@ -216,6 +225,22 @@ def test_gemm_tiles_copy_groups_need_the_gluon_ring() -> None:
     with pytest.raises(ValueError, match=r"needs mma=True .* mma=False, num_stages=3"):
         GemmTiles(block_n=64, block_k=128, copy_steps=2)
     with pytest.raises(ValueError, match=r"needs mma=True .* mma=True, num_stages=1"):
+        attrs.evolve(mma, num_stages=1)
+
+
+def test_gemm_tiles_shared_input_needs_the_gluon_ring() -> None:
+    mma = GemmTiles(
+        block_n=128, block_k=128, swap_ab=True, int4_words=True, mma=True,
+        num_stages=2, x_shared=True,
+    )  # fmt: skip
+    assert mma.x_shared
+    with pytest.raises(
+        ValueError, match=r"x_shared needs mma=True .* mma=False, num_stages=3"
+    ):
+        GemmTiles(block_n=64, block_k=128, x_shared=True)
+    with pytest.raises(
+        ValueError, match=r"x_shared needs mma=True .* mma=True, num_stages=1"
+    ):
         attrs.evolve(mma, num_stages=1)
 
 

@@ -102,6 +102,35 @@ VARIANTS = {
         w13=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=4),
         w2=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=2),
     ),
+    "mma-xshared-16x128x128-ring2-copy2-split3": MoETiles(
+        block_m=16,
+        w13=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, x_shared=True),
+        w2=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, x_shared=True, split_k=3),
+    ),
+    "mma-xshared-32x128x128-ring3-split2": MoETiles(
+        block_m=32,
+        w13=attrs.evolve(MMA_RING, x_shared=True),
+        w2=attrs.evolve(MMA_RING, x_shared=True, split_k=2),
+    ),
+    "mma-xshared-8x64x128-ring2-copy4-w13split2-split2": MoETiles(
+        block_m=8,
+        w13=attrs.evolve(
+            MMA_RING,
+            block_n=64,
+            num_stages=2,
+            copy_steps=4,
+            x_shared=True,
+            split_k=2,
+        ),
+        w2=attrs.evolve(
+            MMA_RING,
+            block_n=64,
+            num_stages=2,
+            copy_steps=4,
+            x_shared=True,
+            split_k=2,
+        ),
+    ),
     "words-swap-16x64x128-w13split2": attrs.evolve(
         _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
         w13=attrs.evolve(
@@ -118,7 +147,9 @@ table's 8-row form, here with split 3: w2 splits of 2 steps, the last one partia
 4 (w2 split 2: 3 steps a split, so a group runs past its split's end); the ring's
 look-ahead copies run past every split's end. The last two split w13's K too (4 ways
 of the Gluon kernel's 2-step groups over 12 steps, 2 of the Triton word kernel's):
-float32 partials that ``launch_activate`` sums and activates."""
+float32 partials that ``launch_activate`` sums and activates. ``xshared``: the input
+through the ring too (``GemmTiles.x_shared``), in 8-, 16- and 32-row blocks, with
+partial last splits (w2: 704 columns in 3 splits of 2 steps) and a w13 split."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
@@ -200,15 +231,21 @@ def test_mma_matches_word_kernel(scheme: Int4Scheme, dtype: torch.dtype) -> None
     assert err_mma <= 1.1 * err_words, (err_mma, err_words)
 
 
-@pytest.mark.parametrize(("stages", "copy_steps"), [(1, 1), (3, 1), (2, 2)])
+@pytest.mark.parametrize(
+    ("stages", "copy_steps", "x_shared"),
+    [(1, 1, False), (3, 1, False), (2, 2, False), (2, 2, True)],
+)
 @pytest.mark.parametrize("scheme", [SCHEMES[4], SCHEMES[9]], ids=lambda s: s.name)
 def test_mma_k_not_a_multiple_of_32(
-    scheme: Int4Scheme, stages: int, copy_steps: int
+    scheme: Int4Scheme, stages: int, copy_steps: int, x_shared: bool
 ) -> None:
     """F = 328: w2 rows of 41 words, not whole 16-byte chunks (the kernel's word loads
-    narrow), its last step a partial one."""
+    narrow), its last step a partial one; with ``x_shared`` w13 (K = 512) takes the
+    input through the ring and w2 (K = 328) falls back to registers."""
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=328)
-    t = attrs.evolve(MMA_RING, num_stages=stages, copy_steps=copy_steps)
+    t = attrs.evolve(
+        MMA_RING, num_stages=stages, copy_steps=copy_steps, x_shared=x_shared
+    )
     tiles = MoETiles(block_m=16, w13=t, w2=attrs.evolve(t, split_k=2))
     check_fused(
         config, scheme, torch.bfloat16, 21, seed=7, path="gemm", drop=True,
