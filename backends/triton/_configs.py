@@ -445,9 +445,11 @@ MMA_TILES: Final = GemmTiles(
 """The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``), 8-row
 blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
 MMA_SMALL_BLOCK: Final = 8
-"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES``;
+"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
+``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);
 more take 16-row blocks with the words read through a cp.async ring of
-``MMA_RING_STAGES`` steps, one step a copy group."""
+``MMA_RING_STAGES`` steps, one step a copy group (or, for small experts, the form with
+the input through the ring)."""
 MMA_RING_STAGES: Final = 3
 MMA_SHARED_INPUT_MIN_PER_EXPERT: Final = 7
 """From this many pairs per expert (ceiling average) up to ``MMA_SMALL_BLOCK``, and
@@ -549,7 +551,8 @@ def int4_tiles(
     prefill words lost (DeepSeek-V3 M = 1024 6.20 vs 5.40).
 
     With ``mma`` the decode row runs the Gluon kernel (``MMA_TILES``, 128 x 128, 4
-    warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert, the words
+    warps) in 8-row blocks up to ``MMA_SMALL_BLOCK`` pairs per expert (but see
+    ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` below), the words
     through a 2-stage cp.async ring of 2-step copy groups and the w2 split also by
     ``mma_split_for``, the w13 split by ``mma_w13_split`` (up to
     ``MMA_W13_SPLIT_MAX_PER_EXPERT`` pairs per expert); else in 16-row blocks with

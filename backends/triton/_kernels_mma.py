@@ -25,6 +25,12 @@ row's 64-byte pieces of consecutive steps then reach DRAM together, which the H2
 served at 3.9-4.1 TB/s against 2.4 for one step's pieces at a time (bench/TUNING.md,
 "Copy groups").
 
+With ``X_SHARED`` (``GemmTiles.x_shared``; a ring only) the activation comes through
+the ring too, each step's tile copied as ``4 BLOCK_M`` rows of 32 columns, and the
+step's MMA runs in four 32-column sub-steps that read their B fragments from shared
+memory (``_mma_step_shared``): no activation held in registers a step ahead, which
+took the 16-row gated w13 from 227 registers to 172 on sm_90.
+
 The layouts are built at compile time from the integer meta-parameters
 (``_words_layout``, ``_input_layout``, ``_acc_layout``): layout objects as kernel
 arguments would be hashed and compared on every launch. Needs sm_80+ (``mma.sync``
