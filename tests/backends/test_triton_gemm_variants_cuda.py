@@ -50,6 +50,11 @@ MMA_RING = GemmTiles(
     int4_words=True, mma=True,
 )  # fmt: skip
 
+NARROW_SHARED = GemmTiles(
+    block_n=64, block_k=128, num_warps=4, num_stages=2, swap_ab=True,
+    int4_words=True, mma=True, copy_steps=4, x_shared=True, split_k=2,
+)  # fmt: skip
+
 VARIANTS = {
     "plain-16x32x256": _tiles(16, 32, 256, swap=False, halves=False, split=2),
     "swap-64x128x64": _tiles(64, 128, 64, swap=True, halves=False, split=1),
@@ -113,23 +118,7 @@ VARIANTS = {
         w2=attrs.evolve(MMA_RING, x_shared=True, split_k=2),
     ),
     "mma-xshared-8x64x128-ring2-copy4-w13split2-split2": MoETiles(
-        block_m=8,
-        w13=attrs.evolve(
-            MMA_RING,
-            block_n=64,
-            num_stages=2,
-            copy_steps=4,
-            x_shared=True,
-            split_k=2,
-        ),
-        w2=attrs.evolve(
-            MMA_RING,
-            block_n=64,
-            num_stages=2,
-            copy_steps=4,
-            x_shared=True,
-            split_k=2,
-        ),
+        block_m=8, w13=NARROW_SHARED, w2=NARROW_SHARED
     ),
     "words-swap-16x64x128-w13split2": attrs.evolve(
         _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
