@@ -204,9 +204,9 @@ def launch_gemm(
     ``_moe_gemm_kernel``, or with ``tiles.mma`` the Gluon ``_moe_gemm_mma_kernel``
     (same arguments) where words fit, ``mma_target`` holds and the row block is one of
     ``MMA_BLOCK_M``; 8-row blocks anywhere else are an error (the Triton kernel's
-    dots need 16 rows). ``tiles.x_shared`` applies where ``K % 32 == 0`` and the
-    input's rows are whole 16-byte copies (stride a multiple of 16); elsewhere the
-    same tiles load the input into registers.
+    dots need 16 rows). ``tiles.x_shared`` applies where the input's rows are whole
+    16-byte copies that Triton can see as such (``_whole_copies``); elsewhere the same
+    tiles load the input into registers.
 
     ``experts``: ``(lo, hi)``, the experts ``b`` holds (all, or a dequantized chunk);
     blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
@@ -266,7 +266,7 @@ def launch_gemm(
         _moe_gemm_mma_kernel[grid](
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
             STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
-            X_SHARED=tiles.x_shared and k % 32 == 0 and a_MK.stride(0) % 16 == 0,
+            X_SHARED=tiles.x_shared and _whole_copies(a_MK, k),
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](
@@ -275,6 +275,16 @@ def launch_gemm(
         GROUP_M=tiles.group_m, WORDS=words, ASM=words and _ptx_target(a_MK),
         num_stages=tiles.num_stages,
     )  # fmt: skip
+
+
+def _whole_copies(a_MK: torch.Tensor, k: int) -> bool:
+    """Whether the Gluon kernel may copy ``a_MK``'s steps into shared memory in 16 bytes.
+
+    ``K % 32 == 0``, a row stride of a multiple of 16 elements and a 16-byte aligned
+    start: Triton specializes such arguments as divisible by 16, so every copy of 8
+    elements is visibly whole (``_copy_input``; ``cp.async`` takes 4, 8 or 16 bytes).
+    """
+    return k % 32 == 0 and a_MK.stride(0) % 16 == 0 and a_MK.data_ptr() % 16 == 0
 
 
 def _check_split_rows(out: torch.Tensor, split: int, n: int, perm_out: int) -> None:

@@ -20,6 +20,7 @@ from backends.triton._configs import (
 from backends.triton._fused import use_dequant, use_gemv
 from backends.triton._launch import (
     ExpertMatrix,
+    _whole_copies,
     gemv_loop_stages,
     int4_words_fit,
     permute_k,
@@ -242,6 +243,17 @@ def test_gemm_tiles_shared_input_needs_the_gluon_ring() -> None:
         ValueError, match=r"x_shared needs mma=True .* mma=True, num_stages=1"
     ):
         attrs.evolve(mma, num_stages=1)
+
+
+def test_shared_input_needs_whole_visible_16_byte_copies() -> None:
+    """``x_shared`` falls back to registers unless K % 32 == 0 and rows of whole,
+    visibly aligned 16-byte copies (stride of 16 elements, 16-byte start)."""
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    assert _whole_copies(x, 64)
+    assert not _whole_copies(x, 48)  # K % 32 != 0
+    assert not _whole_copies(torch.zeros(4, 72, dtype=torch.bfloat16)[:, :64], 64)
+    shifted = torch.zeros(4 * 64 + 8, dtype=torch.bfloat16)[1 : 1 + 4 * 64]
+    assert not _whole_copies(shifted.view(4, 64), 64)  # a 2-byte aligned start
 
 
 def test_int4_words_fit_needs_whole_aligned_words() -> None:
