@@ -79,20 +79,18 @@ class GemmTiles:
         if self.copy_steps not in (1, 2, 4):
             msg = f"GemmTiles.copy_steps must be 1, 2 or 4, got {self.copy_steps}"
             raise ValueError(msg)
-        if self.copy_steps > 1 and not (self.mma and self.num_stages > 1):
-            msg = (
-                "GemmTiles.copy_steps > 1 needs mma=True and num_stages > 1 (the Gluon "
-                f"kernel's cp.async ring), got mma={self.mma}, "
-                f"num_stages={self.num_stages}"
-            )
-            raise ValueError(msg)
-        if self.x_shared and not (self.mma and self.num_stages > 1):
-            msg = (
-                "GemmTiles.x_shared needs mma=True and num_stages > 1 (the Gluon "
-                f"kernel's cp.async ring), got mma={self.mma}, "
-                f"num_stages={self.num_stages}"
-            )
-            raise ValueError(msg)
+        ring = self.mma and self.num_stages > 1  # the Gluon kernel's cp.async ring
+        for name, on in (
+            ("copy_steps > 1", self.copy_steps > 1),
+            ("x_shared", self.x_shared),
+        ):
+            if on and not ring:
+                msg = (
+                    f"GemmTiles.{name} needs mma=True and num_stages > 1 (the Gluon "
+                    f"kernel's cp.async ring), got mma={self.mma}, "
+                    f"num_stages={self.num_stages}"
+                )
+                raise ValueError(msg)
         if self.mma and not self.int4_words:
             raise ValueError("GemmTiles: mma needs int4_words=True")
         if self.mma and (self.block_k != 128 or self.block_n % (16 * self.num_warps)):
@@ -524,6 +522,47 @@ def expected_busy_experts(num_pairs: int, num_experts: int) -> float:
     return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** num_pairs)
 
 
+def _mma_tiles(
+    num_pairs: int,
+    num_experts: int,
+    per_expert: int,
+    hidden: int,
+    inter: int,
+    split: int,
+) -> MoETiles:
+    """``int4_tiles``'s decode row on the Gluon kernel; ``split``: ``split_for``'s w2 split.
+
+    8-row blocks of ``MMA_TILES`` up to ``MMA_SMALL_BLOCK`` pairs per expert, with the
+    w2 split of ``mma_split_for`` and the w13 split of ``mma_w13_split``; 16-row blocks
+    with the input through the ring from ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` (past
+    ``MMA_SMALL_BLOCK`` for small experts only), with the splits the form they replace
+    would take; else 16-row blocks of a ``MMA_RING_STAGES``-stage ring, one step a copy.
+    """
+    small = per_expert <= MMA_SMALL_BLOCK
+    split13 = 1
+    if small:
+        split = mma_split_for(split, inter)
+        if per_expert <= MMA_W13_SPLIT_MAX_PER_EXPERT:
+            tiles13 = -(-inter // MMA_TILES.block_n)  # gated: gate and up rows
+            busy = expected_busy_experts(num_pairs, num_experts)
+            split13 = mma_w13_split(hidden, busy * tiles13)
+    shared = per_expert >= MMA_SHARED_INPUT_MIN_PER_EXPERT and (
+        small or hidden * inter < MMA_SHARED_INPUT_MAX_EXPERT
+    )
+    if shared:
+        form, block_m = attrs.evolve(MMA_TILES, x_shared=True), 16
+    elif small:
+        form, block_m = MMA_TILES, MMA_SMALL_BLOCK
+    else:
+        form = attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
+        block_m = 16
+    return MoETiles(
+        block_m=block_m,
+        w13=attrs.evolve(form, split_k=split13),
+        w2=attrs.evolve(form, split_k=split),
+    )
+
+
 def int4_tiles(
     num_pairs: int,
     num_experts: int,
@@ -576,39 +615,15 @@ def int4_tiles(
     GEMM: 0.52, 0.88, 3.27). In 8-row blocks the ring was 1-4% faster than the
     registers' 16-byte loads but slower than their 8-byte ones of probe_mma3.
     """
-    if per_expert <= INT4_FEW_PER_EXPERT and mma:
+    if per_expert <= INT4_FEW_PER_EXPERT:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
-        small = per_expert <= MMA_SMALL_BLOCK
-        mma_tiles = (
-            MMA_TILES
-            if small
-            else attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
-        )
-        split13 = 1
-        if small:
-            split = mma_split_for(split, inter)
-            if per_expert <= MMA_W13_SPLIT_MAX_PER_EXPERT:
-                tiles13 = -(-inter // mma_tiles.block_n)  # gated: gate and up rows
-                busy = expected_busy_experts(num_pairs, num_experts)
-                split13 = mma_w13_split(hidden, busy * tiles13)
-        shared = per_expert >= MMA_SHARED_INPUT_MIN_PER_EXPERT and (
-            small or hidden * inter < MMA_SHARED_INPUT_MAX_EXPERT
-        )
-        if shared:
-            mma_tiles = attrs.evolve(MMA_TILES, x_shared=True)
-        return MoETiles(
-            block_m=MMA_SMALL_BLOCK if small and not shared else 16,
-            w13=attrs.evolve(mma_tiles, split_k=split13),
-            w2=attrs.evolve(mma_tiles, split_k=split),
-        )
-    if per_expert <= INT4_FEW_PER_EXPERT:
+        if mma:
+            return _mma_tiles(num_pairs, num_experts, per_expert, hidden, inter, split)
         tiles = GemmTiles(
             block_n=64, block_k=128, num_warps=4, num_stages=4, swap_ab=True,
             int4_words=True,
         )  # fmt: skip
-        w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
-        split = split_for(w2_out, inter, 128)
         large = per_expert > 8 and hidden * inter >= INT4_LARGE_EXPERT
         return MoETiles(
             block_m=32 if large else 16,
