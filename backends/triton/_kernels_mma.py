@@ -86,37 +86,22 @@ def _words_layout(block_n, warps):
 
 
 @gluon.constexpr_function
-def _input_layout(block_m, warps):
-    """The activation's layout, ``(block_m, 128)``.
+def _input_layout(block_m, warps, width):
+    """The activation's layout, ``(block_m, width)``.
 
-    Lane ``4g + c`` holds columns ``32c .. 32c+31`` of tokens ``g`` (and ``g + 8``, ...
-    in registers), the same in every warp.
+    ``width`` 128: a step's columns; 32: a sub-step's slice read from the shared ring,
+    where position ``8c + e`` holds real column ``32c + 8r + e`` of sub-step ``r``.
+    Lane ``4g + c`` holds positions ``c w .. c w + w - 1`` (``w = width / 4``) of
+    tokens ``g`` (and ``g + 8``, ... in registers), the same in every warp.
     """
+    per_lane = width // 4
     token_reps = (block_m // 8).bit_length() - 1
     return gl.DistributedLinearLayout(
-        reg_bases=_powers(1, 5, 1) + _powers(8, token_reps, 0),
-        lane_bases=_powers(32, 2, 1) + _powers(1, 3, 0),
+        reg_bases=_powers(1, per_lane.bit_length() - 1, 1) + _powers(8, token_reps, 0),
+        lane_bases=_powers(per_lane, 2, 1) + _powers(1, 3, 0),
         warp_bases=[[0, 0]] * (warps.bit_length() - 1),
         block_bases=[],
-        shape=[block_m, 128],
-    )
-
-
-@gluon.constexpr_function
-def _input_sub_layout(block_m, warps):
-    """A 32-column slice of the activation from the shared ring, ``(block_m, 32)``.
-
-    Position ``8c + e`` holds real column ``32c + 8r + e`` of sub-step ``r``; lane
-    ``4g + c`` holds positions ``8c .. 8c+7`` of tokens ``g`` (and ``g + 8``, ... in
-    registers), the same in every warp.
-    """
-    token_reps = (block_m // 8).bit_length() - 1
-    return gl.DistributedLinearLayout(
-        reg_bases=_powers(1, 3, 1) + _powers(8, token_reps, 0),
-        lane_bases=_powers(8, 2, 1) + _powers(1, 3, 0),
-        warp_bases=[[0, 0]] * (warps.bit_length() - 1),
-        block_bases=[],
-        shape=[block_m, 32],
+        shape=[block_m, width],
     )
 
 
@@ -489,7 +474,7 @@ def _moe_gemm_mma_kernel(
     Columns tiles in row-block-fastest order (``GemmTiles.group_m`` 0); K steps of 128.
     """
     W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
-    X_LAYOUT: gl.constexpr = _input_layout(BLOCK_M, WARPS)
+    X_LAYOUT: gl.constexpr = _input_layout(BLOCK_M, WARPS, 128)
     ACC_LAYOUT: gl.constexpr = _acc_layout(WARPS)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
     B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC_LAYOUT, 2)
@@ -546,7 +531,7 @@ def _moe_gemm_mma_kernel(
     RING: gl.constexpr = STAGES > 1
     # k_end // 8; with K32 its divisibility by 4 is visible: 16-byte word loads
     w_end = k_end // 32 * 4 if K32 else k_end // 8
-    X_SUB: gl.constexpr = _input_sub_layout(BLOCK_M, WARPS)
+    X_SUB: gl.constexpr = _input_layout(BLOCK_M, WARPS, 32)
     x_base = None
     x_cmask = None
     x_col = None
