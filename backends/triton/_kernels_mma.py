@@ -123,13 +123,19 @@ def _acc_layout(warps):
 
 
 @gluon.jit
-def _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N: gl.constexpr):
-    """Nibble planes ``p_j[n, kw]`` to the ``(BLOCK_N, 128)`` tile in logical K order."""
-    q0 = gl.join(p0, p4)  # [n, kw, h]
+def _join_planes(p0, p1, p2, p3, p4, p5, p6, p7):
+    """Nibble planes ``p_j[n, w]`` (``j = i + 4h``, ``i = i0 + 2 i1``) as ``[n, w, h, i0, i1]``."""
+    q0 = gl.join(p0, p4)  # [n, w, h]
     q1 = gl.join(p1, p5)
     q2 = gl.join(p2, p6)
     q3 = gl.join(p3, p7)
-    v = gl.join(gl.join(q0, q1), gl.join(q2, q3))  # [n, kw, h, i0, i1]
+    return gl.join(gl.join(q0, q1), gl.join(q2, q3))
+
+
+@gluon.jit
+def _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N: gl.constexpr):
+    """Nibble planes ``p_j[n, kw]`` to the ``(BLOCK_N, 128)`` tile in logical K order."""
+    v = _join_planes(p0, p1, p2, p3, p4, p5, p6, p7)  # [n, kw, h, i0, i1]
     v = gl.reshape(v, [BLOCK_N, 4, 4, 2, 2, 2])  # [n, c, r, h, i0, i1]
     v = gl.permute(v, [0, 2, 5, 4, 1, 3])  # [n, r, i1, i0, c, h]
     return gl.reshape(v, [BLOCK_N, 128])
@@ -146,11 +152,7 @@ def _to_logical_b(x, BLOCK_M: gl.constexpr):
 @gluon.jit
 def _to_logical_a32(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N: gl.constexpr):
     """Nibble planes ``p_j[n, c]`` of sub-step ``r``'s words to ``(BLOCK_N, 32)``, logical K."""
-    q0 = gl.join(p0, p4)  # [n, c, h]
-    q1 = gl.join(p1, p5)
-    q2 = gl.join(p2, p6)
-    q3 = gl.join(p3, p7)
-    v = gl.join(gl.join(q0, q1), gl.join(q2, q3))  # [n, c, h, i0, i1]
+    v = _join_planes(p0, p1, p2, p3, p4, p5, p6, p7)  # [n, c, h, i0, i1]
     v = gl.permute(v, [0, 4, 3, 1, 2])  # [n, i1, i0, c, h]
     return gl.reshape(v, [BLOCK_N, 32])
 
