@@ -133,6 +133,7 @@ def compile_mma(
     group: int,
     copy_steps: int = 1,
     x_shared: bool = False,
+    pdl: bool = False,
 ) -> Any:
     """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -143,7 +144,7 @@ def compile_mma(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": 128,
         "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
         "WARPS": 4, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
-        "X_SHARED": x_shared,
+        "X_SHARED": x_shared, "PDL": pdl, "PDL_LATE": False,
     }  # fmt: skip
     signature, attrs = _signature(params, constants, MMA_POINTERS)
     source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)

@@ -166,11 +166,19 @@ class MoETiles:
     up rows, and one more launch sums them and applies the activation
     (``launch_activate``); that launch writes w2's input in plain K order, so
     ``w2.nibble_halves`` must then be off.
+
+    ``pdl``: programmatic dependent launch on sm_90 and newer (``pdl_target``) along
+    the ``gemm`` path: the alignment lets w13 launch at once, and the Gluon GEMMs
+    (``GemmTiles.mma``; the Triton GEMM launches plainly), the activation of a split
+    w13 and the top-k sum are launched with ``launch_pdl``: each starts while the
+    kernel before it drains and waits (``griddepcontrol.wait``) before its first
+    read, so launch latency hides behind that kernel's tail.
     """
 
     block_m: int
     w13: GemmTiles
     w2: GemmTiles = attrs.field()
+    pdl: bool = False
 
     @w2.validator
     def _plain_input(self, attribute: object, value: GemmTiles) -> None:

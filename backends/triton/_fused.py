@@ -33,6 +33,7 @@ from typing import Literal
 import torch
 
 import backends.triton._configs as configs
+import backends.triton._launch as launch_mod
 from backends.triton._align import align_pairs_to_blocks
 from backends.triton._configs import GemvTiles, MoETiles, choose_tiles
 from backends.triton._launch import (
@@ -45,6 +46,7 @@ from backends.triton._launch import (
     launch_gemm,
     launch_gemv,
     mma_target,
+    pdl_target,
     permute_k,
     permuted_width,
     reduce_topk,
@@ -232,7 +234,13 @@ def _gemm_moe(
     num_experts = int(w13.data.shape[0])
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
-    align = align_pairs_to_blocks(routing.topk_ids, num_experts, block_m=tiles.block_m)
+    pdl = tiles.pdl and pdl_target(x_TD)
+    align = align_pairs_to_blocks(
+        routing.topk_ids,
+        num_experts,
+        block_m=tiles.block_m,
+        next_pdl=pdl and "align" in launch_mod.PDL_EDGES,
+    )
     dtype = buffer_dtype(x_TD.dtype)
     halves13 = tiles.w13.nibble_halves and not dequant and w13.is_int4
     halves2 = tiles.w2.nibble_halves and not dequant and w2.is_int4
@@ -256,17 +264,19 @@ def _gemm_moe(
         launch_gemm(
             a_TD, b13, inter_NF if part13 is None else part13, align, tiles.w13, n=f,
             routing=routing, config=config, gated=True, experts=(lo, hi),
-            perm_out=perm_out,
+            perm_out=perm_out, pdl=pdl,
         )  # fmt: skip
         if part13 is not None:
-            launch_activate(part13, routing, config, inter_NF, experts=(lo, hi))
+            launch_activate(
+                part13, routing, config, inter_NF, experts=(lo, hi), pdl=pdl
+            )
         b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
         launch_gemm(
             inter_NF, b2, part_SND, align, tiles.w2, n=d, routing=routing,
-            config=config, gated=False, experts=(lo, hi),
+            config=config, gated=False, experts=(lo, hi), pdl=pdl,
         )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
-    return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype)
+    return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=pdl)
 
 
 def _dequantized(

@@ -55,6 +55,7 @@ def _align_blocks_kernel(
     BLOCK: tl.constexpr,
     E_PAD: tl.constexpr,
     COUNT: tl.constexpr,
+    NEXT: tl.constexpr,
 ):
     """Place expert ``e``'s pairs in its ``BLOCK_M`` row blocks; one program per expert.
 
@@ -63,8 +64,10 @@ def _align_blocks_kernel(
     ids; ``counts_ptr`` unused). Then it writes ``sorted[first*BLOCK_M + rank] = pair``
     (stable), ``block_expert`` and ``block_rows`` (valid rows) of the expert's blocks;
     program 0 marks the unused blocks after the last expert with ``-1``. Ids outside
-    ``[0, num_experts)`` land in no block.
+    ``[0, num_experts)`` land in no block. ``NEXT`` (``MoETiles.pdl``): lets the w13
+    GEMM launch at once (``_grid_dependency``); it waits for this kernel's writes.
     """
+    _grid_dependency(WAIT=False, NEXT=NEXT)
     e = tl.program_id(0)
     offs_e = tl.arange(0, E_PAD)
     if COUNT:
@@ -313,7 +316,7 @@ def _moe_gemm_kernel(
 
 @triton.jit
 def _grid_dependency(WAIT: tl.constexpr, NEXT: tl.constexpr):
-    """Programmatic dependent launch (sm_90+; ``GemvTiles.pdl``).
+    """Programmatic dependent launch (sm_90+; ``GemvTiles.pdl``, ``MoETiles.pdl``).
 
     ``WAIT``: block until the kernel launched before this one has finished and its
     writes are visible (this kernel was launched with ``launch_pdl``, so it may start
@@ -356,7 +359,8 @@ def _reduce_topk_kernel(
 ):
     """``out[t] = sum over k, s of w[t, k] * part[s, t*TOP_K + k]``, skipping ids ``-1``.
 
-    ``PDL``: launched with ``launch_pdl`` behind the w2 GEMV; waits for it first.
+    ``PDL``: launched with ``launch_pdl`` behind the w2 GEMV or GEMM; waits for it
+    first.
     """
     _grid_dependency(PDL, NEXT=False)
     t = tl.program_id(0)
@@ -401,14 +405,18 @@ def _activate_splits_kernel(
     ACT: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_F: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``out[p, j] = act(gate) * up`` of the w13 GEMM's K-split partials.
 
     ``gate = sum over s of part[s, p, j]``, ``up`` the same at ``F + j``, for the
     pairs routed to experts ``expert_lo .. expert_hi - 1`` (those the GEMM just
     computed); the other pairs' rows (ids ``-1`` among them) are neither read nor
-    written. One program per pair and column block.
+    written. One program per pair and column block. ``PDL`` (``MoETiles.pdl``):
+    launched with ``launch_pdl`` behind the w13 GEMM; waits for it first, then lets
+    the w2 GEMM launch.
     """
+    _grid_dependency(WAIT=PDL, NEXT=PDL)
     pair = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     e = tl.load(ids_ptr + pair)

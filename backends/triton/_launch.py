@@ -75,6 +75,10 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+PDL_EDGES = {"align", "w13", "act", "w2", "reduce"}  # EXPERIMENT
+PDL_LATE = False  # EXPERIMENT
+
+
 def pdl_target(a: torch.Tensor) -> bool:
     """Whether kernels on ``a``'s device may use programmatic dependent launch.
 
@@ -193,6 +197,7 @@ def launch_gemm(
     gated: bool,
     experts: tuple[int, int],
     perm_out: int = 0,
+    pdl: bool = False,
 ) -> None:
     """Launch the grouped GEMM writing ``out`` ``(S, N, n)`` or ``(N, n)``.
 
@@ -214,7 +219,9 @@ def launch_gemm(
     ``perm_out`` > 0 writes ``out`` K-permuted in chunks of ``perm_out`` for the next
     GEMM (``out`` then has ``permuted_width(n, perm_out)`` columns). With
     ``tiles.int4_words`` int4 weights are read as int32 words where
-    ``int4_words_fit``, else byte by byte.
+    ``int4_words_fit``, else byte by byte. ``pdl`` (``MoETiles.pdl``): the Gluon
+    kernel is launched with programmatic dependent launch where ``pdl_target``
+    holds (the Triton kernel launches plainly).
     """
     from backends.triton._kernels import _moe_gemm_kernel
 
@@ -263,10 +270,12 @@ def launch_gemm(
     if mma:
         from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
+        pdl = pdl and pdl_target(a_MK) and ("w13" if w13 else "w2") in PDL_EDGES
         _moe_gemm_mma_kernel[grid](
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
             STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
-            X_SHARED=tiles.x_shared and _whole_copies(a_MK, k),
+            X_SHARED=tiles.x_shared and _whole_copies(a_MK, k), PDL=pdl, PDL_LATE=PDL_LATE,
+            **_pdl_launch(on=pdl),
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](
@@ -480,13 +489,14 @@ def reduce_topk(
     """``(T, D)``: sum of the K-split partials and the top-k pairs of each token.
 
     ``pdl``: launched with programmatic dependent launch (where ``pdl_target``),
-    waiting for the kernel before it on the GPU (``GemvTiles.pdl``).
+    waiting for the kernel before it on the GPU (``GemvTiles.pdl``,
+    ``MoETiles.pdl``).
     """
     from backends.triton._kernels import _reduce_topk_kernel
 
     t, top_k = routing.topk_ids.shape
     d = int(part_SND.shape[2])
-    pdl = pdl and pdl_target(part_SND)
+    pdl = pdl and pdl_target(part_SND) and "reduce" in PDL_EDGES
     out_TD = torch.empty(t, d, dtype=buffer_dtype(dtype), device=part_SND.device)
     block_d = min(1024, next_pow2(d))
     _reduce_topk_kernel[(t, ceil_div(d, block_d))](
@@ -515,16 +525,19 @@ def launch_activate(
     out_NF: torch.Tensor,
     *,
     experts: tuple[int, int],
+    pdl: bool = False,
 ) -> None:
     """``out_NF = act(gate) * up`` of a K-split w13 GEMM's partials ``(S, N, 2F)``.
 
     Only the rows of pairs routed to ``experts`` ``(lo, hi)`` (the GEMM's) are read
-    and written (``_activate_splits_kernel``).
+    and written (``_activate_splits_kernel``). ``pdl`` (``MoETiles.pdl``): launched
+    with programmatic dependent launch where ``pdl_target`` holds.
     """
     from backends.triton._kernels import _activate_splits_kernel
 
     num_pairs, f = int(out_NF.shape[0]), int(out_NF.shape[1])
     block_f = min(1024, next_pow2(f))
+    pdl = pdl and pdl_target(out_NF) and "act" in PDL_EDGES
     _activate_splits_kernel[(num_pairs, ceil_div(f, block_f))](
         part_SNF2,
         routing.topk_ids,
@@ -540,6 +553,8 @@ def launch_activate(
         ACT=_ACTIVATION_CODE[config.activation],
         SPLIT=int(part_SNF2.shape[0]),
         BLOCK_F=block_f,
+        PDL=pdl,
+        **_pdl_launch(on=pdl),
     )
 
 

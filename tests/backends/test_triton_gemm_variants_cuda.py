@@ -18,6 +18,7 @@ from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
 from tests.backends.triton_cuda_cases import (
     SCHEMES,
+    assert_same_outputs,
     check_fused,
     gpu_routing,
     int4_weights,
@@ -239,4 +240,53 @@ def test_mma_k_not_a_multiple_of_32(
     check_fused(
         config, scheme, torch.bfloat16, 21, seed=7, path="gemm", drop=True,
         tiles=tiles,
+    )  # fmt: skip
+
+
+PDL_CASES = {
+    "8-row-w13-split2-w2-split4": (
+        (8, 2, 4096, 14336, 4),
+        MoETiles(
+            block_m=8,
+            w13=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=2),
+            w2=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, split_k=4),
+        ),
+    ),
+    "16-row-xshared-w2-split2": (
+        (128, 8, 2048, 768, 64),
+        MoETiles(
+            block_m=16,
+            w13=attrs.evolve(MMA_RING, num_stages=2, copy_steps=2, x_shared=True),
+            w2=attrs.evolve(
+                MMA_RING, num_stages=2, copy_steps=2, x_shared=True, split_k=2
+            ),
+        ),
+    ),
+    "16-row-ring3-many-blocks": (
+        (64, 4, 1024, 512, 300),
+        MoETiles(block_m=16, w13=MMA_RING, w2=attrs.evolve(MMA_RING, split_k=2)),
+    ),
+    "triton-words-w13-split2": (
+        (16, 4, 1536, 704, 37),
+        VARIANTS["words-swap-16x64x128-w13split2"],
+    ),
+}
+"""``(E, K, D, F, T)`` and tiles: Mixtral's shape at M = 4 (the table's 8-row form with
+both splits: alignment, w13, activation, w2, top-k sum), 16-row blocks with the input
+through the ring, many row blocks per expert, and the Triton word kernel (launched
+plainly between PDL launches)."""
+
+
+@pytest.mark.parametrize(("size", "tiles"), PDL_CASES.values(), ids=PDL_CASES.keys())
+def test_gemm_pdl_matches_serial_launches(
+    size: tuple[int, int, int, int, int], tiles: MoETiles
+) -> None:
+    """``MoETiles.pdl`` lets each kernel of the gemm path start before the one ahead
+    of it ends: a wait in the wrong place would read a partial alignment or
+    intermediate. Eager and graph-replayed outputs must equal, bit for bit, those of
+    the same tiles launched one after the other, over fresh inputs and routings (the
+    first with a pair for an expert held elsewhere)."""
+    assert_same_outputs(
+        size, SCHEMES[0], attrs.evolve(tiles, pdl=True), tiles, seed=6, forwards=8,
+        drop=True,
     )  # fmt: skip

@@ -16,6 +16,7 @@ from core.config import Activation, MoEConfig
 from core.scheme import Int4Scheme
 from tests.backends.triton_cuda_cases import (
     SCHEMES,
+    assert_same_outputs,
     check_fused,
     check_graph_replays,
     gpu_routing,
@@ -305,52 +306,6 @@ def test_gemv_rule_splits_w2_when_programs_are_few() -> None:
     )  # fmt: skip
 
 
-def _assert_same_outputs(
-    size: tuple[int, int, int, int, int],
-    scheme: Int4Scheme,
-    tiles: GemvTiles,
-    reference: GemvTiles,
-    *,
-    seed: int,
-    forwards: int,
-    drop: bool,
-) -> None:
-    """Eager and graph-replayed outputs of the GEMV path on ``tiles`` must equal, bit
-    for bit, those on ``reference`` over ``forwards`` fresh inputs and routings (the
-    graph captured once, before them); ``drop``: the first routing sends a pair to an
-    expert held elsewhere."""
-    e, k, d, f, t = size
-    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    weights = int4_weights(
-        config, scheme, torch.bfloat16, torch.Generator().manual_seed(seed)
-    )
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
-    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
-    routing = gpu_routing(config, t)
-
-    def forward(chosen: GemvTiles) -> torch.Tensor:
-        return fused_moe(
-            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-            gemv_tiles=chosen,
-        )  # fmt: skip
-
-    forward(tiles)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = forward(tiles)
-    for i in range(forwards):
-        hidden_TD.copy_(torch.randn_like(hidden_TD))
-        fresh = gpu_routing(config, t)
-        routing.topk_ids.copy_(fresh.topk_ids)
-        if drop and i == 0:
-            routing.topk_ids[0, 0] = -1  # an expert held elsewhere
-        routing.topk_weights.copy_(fresh.topk_weights)
-        expected = forward(reference)
-        assert torch.equal(forward(tiles), expected)
-        graph.replay()
-        assert torch.equal(replayed, expected)
-
-
 @pytest.mark.parametrize(
     "size", [(8, 2, 4096, 14336, 1), (128, 8, 2048, 768, 1), (64, 4, 1024, 512, 3)]
 )
@@ -361,7 +316,7 @@ def test_pdl_matches_serial_launches(size: tuple[int, int, int, int, int]) -> No
     the same kernels launched one after the other, over many forwards with fresh
     inputs (w2 split 4 at Mixtral's shape, 1 at the others)."""
     serial = attrs.evolve(KERNELS["pdl"], pdl=False)
-    _assert_same_outputs(
+    assert_same_outputs(
         size, SCHEMES[0], KERNELS["pdl"], serial, seed=4, forwards=10, drop=False
     )
 
@@ -389,6 +344,6 @@ def test_bulk_copy_reads_equal_plain_loads(
     K split (Mixtral's w2), K tails (a last box past K reads zeros) and an expert
     held elsewhere."""
     plain = _without_tma(KERNELS["bulk"])
-    _assert_same_outputs(
+    assert_same_outputs(
         size, scheme, KERNELS["bulk"], plain, seed=8, forwards=5, drop=True
     )

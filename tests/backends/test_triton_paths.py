@@ -284,6 +284,13 @@ GEMM_VARIANTS = {
         w13=attrs.evolve(configs.MMA_TILES, split_k=2),
         w2=attrs.evolve(configs.MMA_TILES, split_k=2),
     ),
+    # programmatic dependent launch: plain launches where the GPU lacks it
+    "mma-fallback-w13-split-2-pdl-ignored-off-sm90": MoETiles(
+        block_m=16,
+        w13=attrs.evolve(configs.MMA_TILES, split_k=2),
+        w2=attrs.evolve(configs.MMA_TILES, split_k=2),
+        pdl=True,
+    ),
 }
 
 

@@ -176,3 +176,55 @@ def run_without_host_sync(forward: Callable[[], torch.Tensor]) -> torch.Tensor:
             warnings.simplefilter("ignore", UserWarning)
             torch.cuda.set_sync_debug_mode(previous)
     return out
+
+
+def assert_same_outputs(
+    size: tuple[int, int, int, int, int],
+    scheme: Int4Scheme,
+    tiles: GemvTiles | MoETiles,
+    reference: GemvTiles | MoETiles,
+    *,
+    seed: int,
+    forwards: int,
+    drop: bool,
+) -> None:
+    """Eager and graph-replayed outputs on ``tiles`` must equal, bit for bit, those on
+    ``reference`` over ``forwards`` fresh inputs and routings (the graph captured once,
+    before them); ``drop``: the first routing sends a pair to an expert held elsewhere.
+    ``GemvTiles`` run the ``gemv`` path, ``MoETiles`` the ``gemm`` path. ``size``:
+    ``(E, K, D, F, T)``."""
+    e, k, d, f, t = size
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    weights = int4_weights(
+        config, scheme, torch.bfloat16, torch.Generator().manual_seed(seed)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    hidden_TD = torch.randn(t, d, device="cuda").to(torch.bfloat16)
+    routing = gpu_routing(config, t)
+
+    def forward(chosen: GemvTiles | MoETiles) -> torch.Tensor:
+        if isinstance(chosen, GemvTiles):
+            return fused_moe(
+                hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
+                gemv_tiles=chosen,
+            )  # fmt: skip
+        return fused_moe(
+            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemm",
+            tiles=chosen,
+        )  # fmt: skip
+
+    forward(tiles)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = forward(tiles)
+    for i in range(forwards):
+        hidden_TD.copy_(torch.randn_like(hidden_TD))
+        fresh = gpu_routing(config, t)
+        routing.topk_ids.copy_(fresh.topk_ids)
+        if drop and i == 0:
+            routing.topk_ids[0, 0] = -1  # an expert held elsewhere
+        routing.topk_weights.copy_(fresh.topk_weights)
+        expected = forward(reference)
+        assert torch.equal(forward(tiles), expected)
+        graph.replay()
+        assert torch.equal(replayed, expected)
