@@ -144,7 +144,7 @@ def compile_mma(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": 128,
         "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
         "WARPS": 4, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
-        "X_SHARED": x_shared, "PDL": pdl, "PDL_LATE": False,
+        "X_SHARED": x_shared, "PDL": pdl,
     }  # fmt: skip
     signature, attrs = _signature(params, constants, MMA_POINTERS)
     source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)

@@ -51,7 +51,7 @@ def align_launches(
     _align_blocks_kernel[(num_experts,)](
         ids_N, counts, sorted_R, block_expert, block_rows, n, num_experts, blocks,
         BLOCK_M=block_m, BLOCK=chunk, E_PAD=max(16, next_pow2(num_experts)),
-        COUNT=count, NEXT=False,
+        COUNT=count,
     )  # fmt: skip
     return BlockAlignment(
         sorted_pairs=sorted_R, block_expert=block_expert, block_rows=block_rows,

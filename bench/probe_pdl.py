@@ -1,12 +1,14 @@
-"""Programmatic dependent launch on the ``gemm`` path (``MoETiles.pdl``), edge by edge.
+"""Programmatic dependent launch on the ``gemm`` path (``MoETiles.pdl``), on and off.
 
 Run on the GPU from the repository root: ``python bench/probe_pdl.py [model ...]``
 (``PROBE_M=4,16`` for other sizes). For each model shape and M it times the ``gemm``
 path on the table's tiles (``pick_tiles``) under CUDA-graph replay, L2 flushed by a
-read before each replay (as bench_gpu.py), with programmatic dependent launch off, on
-every edge (alignment -> w13 -> activation -> w2 -> top-k sum), with the Gluon GEMMs
-letting the next kernel launch only after their K loop (``late``), and on subsets of
-the edges; each output checked against the float32 reference first.
+read before each replay (as bench_gpu.py), with ``MoETiles.pdl`` off and on, each
+twice, each output checked against the float32 reference first.
+
+The sweep that chose the committed form (bench/sweeps/probe_pdl_edges_h200.log) ran
+this script at commit f3ab058, whose ``_launch.PDL_EDGES`` / ``PDL_LATE`` knobs (since
+removed) also timed subsets of the edges and the trigger's place.
 """
 
 # ruff: noqa: B023, D103, T201
@@ -32,20 +34,10 @@ from bench_gpu import (
     time_graph,
 )
 
-import backends.triton._launch as launch
 from backends.triton._fused import fused_moe, pick_tiles
 from core.reference import moe_forward_reference
 
-ALL = {"align", "w13", "act", "w2", "reduce"}
-VARIANTS: dict[str, tuple[bool, set[str], bool]] = {  # label: (pdl, edges, late)
-    "off": (False, ALL, False),
-    "all": (True, ALL, False),
-    "all late": (True, ALL, True),
-    "no align": (True, ALL - {"align"}, False),
-    "act + reduce": (True, {"act", "reduce"}, False),
-    "w2 + reduce": (True, {"w2", "reduce"}, False),
-    "off again": (False, ALL, False),
-}
+VARIANTS = {"off": False, "on": True, "off again": False, "on again": True}
 
 
 def main() -> None:
@@ -64,22 +56,20 @@ def main() -> None:
             fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
             ref = moe_forward_reference(x, q, r, cfg)
             table = pick_tiles(m * k, w13, w2)
-            for label, (pdl, edges, late) in VARIANTS.items():
+            for label, pdl in VARIANTS.items():
                 tiles = attrs.evolve(table, pdl=pdl)
 
                 def fn() -> torch.Tensor:
-                    launch.PDL_EDGES, launch.PDL_LATE = edges, late
                     return fused_moe(x, w13, w2, r, cfg, tiles=tiles, path="gemm")
 
                 err = rel_err(ref, fn())
                 ms = time_graph(fn)
                 assert ms is not None
                 print(
-                    f"{name:15s} M={m:4d} {label:14s} {ms:8.4f} ms {ms / fl:5.2f}x"
+                    f"{name:15s} M={m:4d} {label:10s} {ms:8.4f} ms {ms / fl:5.2f}x"
                     f" err {err:.1e}",
                     flush=True,
                 )
-        launch.PDL_EDGES, launch.PDL_LATE = ALL, False
         del q
         torch.cuda.empty_cache()
 

@@ -45,7 +45,7 @@ def max_row_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 def align_pairs_to_blocks(
-    topk_ids_TK: torch.Tensor, num_experts: int, *, block_m: int, next_pdl: bool = False
+    topk_ids_TK: torch.Tensor, num_experts: int, *, block_m: int
 ) -> BlockAlignment:
     """Group the routed pairs by expert (stable) into blocks of ``block_m`` rows.
 
@@ -58,10 +58,6 @@ def align_pairs_to_blocks(
         topk_ids_TK: ``(T, K)`` integer expert ids in ``[-1, E)``.
         num_experts: ``E``.
         block_m: rows per block (a power of two).
-        next_pdl: the placing launch lets the next kernel launch at once
-            (``griddepcontrol.launch_dependents``; ``MoETiles.pdl``): only where the
-            device has programmatic dependent launch (``pdl_target``), since the
-            instruction is inline PTX.
     """
     from backends.triton._kernels import _align_blocks_kernel, _count_experts_kernel
 
@@ -91,7 +87,6 @@ def align_pairs_to_blocks(
         BLOCK=chunk,
         E_PAD=max(16, next_pow2(num_experts)),
         COUNT=one_launch,
-        NEXT=next_pdl,
     )
     return BlockAlignment(
         sorted_pairs=sorted_R,

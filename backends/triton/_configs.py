@@ -168,11 +168,13 @@ class MoETiles:
     ``w2.nibble_halves`` must then be off.
 
     ``pdl``: programmatic dependent launch on sm_90 and newer (``pdl_target``) along
-    the ``gemm`` path: the alignment lets w13 launch at once, and the Gluon GEMMs
-    (``GemmTiles.mma``; the Triton GEMM launches plainly), the activation of a split
-    w13 and the top-k sum are launched with ``launch_pdl``: each starts while the
-    kernel before it drains and waits (``griddepcontrol.wait``) before its first
-    read, so launch latency hides behind that kernel's tail.
+    the ``gemm`` path: the Gluon GEMMs (``GemmTiles.mma``; the Triton GEMM launches
+    plainly), the activation of a split w13 and the top-k sum are launched with
+    ``launch_pdl`` and wait (``griddepcontrol.wait``) before their first read; the
+    Gluon GEMMs let the next kernel launch after their K loop, the activation at
+    once. So each launch's latency hides behind the tail of the kernel before it.
+    The alignment launches plainly and does not let w13 start early: that cost
+    Qwen3-30B-A3B M = 4 5 us (bench/TUNING.md).
     """
 
     block_m: int
@@ -545,6 +547,8 @@ def _mma_tiles(
     with the input through the ring from ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` (past
     ``MMA_SMALL_BLOCK`` for small experts only), with the splits the form they replace
     would take; else 16-row blocks of a ``MMA_RING_STAGES``-stage ring, one step a copy.
+    All with programmatic dependent launch (``MoETiles.pdl``: 1-3 us a layer,
+    bench/sweeps/probe_pdl_edges_h200.log).
     """
     small = per_expert <= MMA_SMALL_BLOCK
     split13 = 1
@@ -568,6 +572,7 @@ def _mma_tiles(
         block_m=block_m,
         w13=attrs.evolve(form, split_k=split13),
         w2=attrs.evolve(form, split_k=split),
+        pdl=True,
     )
 
 

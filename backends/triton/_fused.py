@@ -33,7 +33,6 @@ from typing import Literal
 import torch
 
 import backends.triton._configs as configs
-import backends.triton._launch as launch_mod
 from backends.triton._align import align_pairs_to_blocks
 from backends.triton._configs import GemvTiles, MoETiles, choose_tiles
 from backends.triton._launch import (
@@ -46,7 +45,6 @@ from backends.triton._launch import (
     launch_gemm,
     launch_gemv,
     mma_target,
-    pdl_target,
     permute_k,
     permuted_width,
     reduce_topk,
@@ -234,13 +232,8 @@ def _gemm_moe(
     num_experts = int(w13.data.shape[0])
     num_pairs, d = routing.topk_ids.numel(), int(x_TD.shape[1])
     f = int(w13.data.shape[1]) // 2
-    pdl = tiles.pdl and pdl_target(x_TD)
-    align = align_pairs_to_blocks(
-        routing.topk_ids,
-        num_experts,
-        block_m=tiles.block_m,
-        next_pdl=pdl and "align" in launch_mod.PDL_EDGES,
-    )
+    pdl = tiles.pdl  # each launch checks pdl_target
+    align = align_pairs_to_blocks(routing.topk_ids, num_experts, block_m=tiles.block_m)
     dtype = buffer_dtype(x_TD.dtype)
     halves13 = tiles.w13.nibble_halves and not dequant and w13.is_int4
     halves2 = tiles.w2.nibble_halves and not dequant and w2.is_int4

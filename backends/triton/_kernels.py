@@ -55,7 +55,6 @@ def _align_blocks_kernel(
     BLOCK: tl.constexpr,
     E_PAD: tl.constexpr,
     COUNT: tl.constexpr,
-    NEXT: tl.constexpr,
 ):
     """Place expert ``e``'s pairs in its ``BLOCK_M`` row blocks; one program per expert.
 
@@ -64,10 +63,8 @@ def _align_blocks_kernel(
     ids; ``counts_ptr`` unused). Then it writes ``sorted[first*BLOCK_M + rank] = pair``
     (stable), ``block_expert`` and ``block_rows`` (valid rows) of the expert's blocks;
     program 0 marks the unused blocks after the last expert with ``-1``. Ids outside
-    ``[0, num_experts)`` land in no block. ``NEXT`` (``MoETiles.pdl``): lets the w13
-    GEMM launch at once (``_grid_dependency``); it waits for this kernel's writes.
+    ``[0, num_experts)`` land in no block.
     """
-    _grid_dependency(WAIT=False, NEXT=NEXT)
     e = tl.program_id(0)
     offs_e = tl.arange(0, E_PAD)
     if COUNT:

@@ -423,31 +423,24 @@ def _mma_step_shared(
 
 
 @gluon.jit
-def _grid_next():
-    gl.inline_asm_elementwise(
-        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-        is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@gluon.jit
 def _grid_wait():
-    gl.inline_asm_elementwise(
-        "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
+    """Programmatic dependent launch (``MoETiles.pdl``; ``_kernels._grid_dependency``).
 
-
-@gluon.jit
-def _grid_wait_then_next():
-    """Programmatic dependent launch (``MoETiles.pdl``): ``_kernels._grid_dependency``.
-
-    Wait until the kernel launched before this one has finished and its writes are
-    visible, then let the next kernel launch once every program of this one has got
-    here or exited. Both are no-ops on a launch without PDL.
+    Block until the kernel launched before this one has finished and its writes are
+    visible; a no-op on a launch without PDL.
     """
     gl.inline_asm_elementwise(
         "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
     )
+
+
+@gluon.jit
+def _grid_next():
+    """Programmatic dependent launch (``MoETiles.pdl``): let the next kernel launch.
+
+    It launches (if launched with ``launch_pdl``) once every program of this one has
+    got here or exited; a no-op where it was not.
+    """
     gl.inline_asm_elementwise(
         "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
         is_pure=False, pack=1,
@@ -503,20 +496,19 @@ def _moe_gemm_mma_kernel(
     K32: gl.constexpr,
     X_SHARED: gl.constexpr,
     PDL: gl.constexpr,
-    PDL_LATE: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
     Columns tiles in row-block-fastest order (``GemmTiles.group_m`` 0); K steps of 128.
     ``PDL`` (``MoETiles.pdl``): launched with ``launch_pdl``; every program waits for
     the kernel before it (the alignment, w13 or the activation) before its first
-    read, then lets the next kernel launch (``_grid_wait_then_next``).
+    read, and lets the next kernel launch after its K loop: the next kernel's
+    programs then wait on multiprocessors this grid's last programs are leaving,
+    not beside them for the whole of its last wave (which cost Mixtral M = 16 and 32
+    4%; bench/TUNING.md, "Programmatic dependent launch on the gemm path").
     """
     if PDL:
-        if PDL_LATE:
-            _grid_wait()
-        else:
-            _grid_wait_then_next()
+        _grid_wait()
     W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
     X_LAYOUT: gl.constexpr = _input_layout(BLOCK_M, WARPS, 128)
     ACC_LAYOUT: gl.constexpr = _acc_layout(WARPS)
@@ -706,7 +698,7 @@ def _moe_gemm_mma_kernel(
         s_b = s_next
         bias = bias_next
 
-    if PDL and PDL_LATE:
+    if PDL:
         _grid_next()
     # epilogue, in the accumulator's layout: acc[n, m]
     offs_mc = gl.arange(0, BLOCK_M, layout=C_COLS)

@@ -75,10 +75,6 @@ def is_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-PDL_EDGES = {"align", "w13", "act", "w2", "reduce"}  # EXPERIMENT
-PDL_LATE = False  # EXPERIMENT
-
-
 def pdl_target(a: torch.Tensor) -> bool:
     """Whether kernels on ``a``'s device may use programmatic dependent launch.
 
@@ -270,11 +266,11 @@ def launch_gemm(
     if mma:
         from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
-        pdl = pdl and pdl_target(a_MK) and ("w13" if w13 else "w2") in PDL_EDGES
+        pdl = pdl and pdl_target(a_MK)
         _moe_gemm_mma_kernel[grid](
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
             STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
-            X_SHARED=tiles.x_shared and _whole_copies(a_MK, k), PDL=pdl, PDL_LATE=PDL_LATE,
+            X_SHARED=tiles.x_shared and _whole_copies(a_MK, k), PDL=pdl,
             **_pdl_launch(on=pdl),
         )  # fmt: skip
         return
@@ -496,7 +492,7 @@ def reduce_topk(
 
     t, top_k = routing.topk_ids.shape
     d = int(part_SND.shape[2])
-    pdl = pdl and pdl_target(part_SND) and "reduce" in PDL_EDGES
+    pdl = pdl and pdl_target(part_SND)
     out_TD = torch.empty(t, d, dtype=buffer_dtype(dtype), device=part_SND.device)
     block_d = min(1024, next_pow2(d))
     _reduce_topk_kernel[(t, ceil_div(d, block_d))](
@@ -537,7 +533,7 @@ def launch_activate(
 
     num_pairs, f = int(out_NF.shape[0]), int(out_NF.shape[1])
     block_f = min(1024, next_pow2(f))
-    pdl = pdl and pdl_target(out_NF) and "act" in PDL_EDGES
+    pdl = pdl and pdl_target(out_NF)
     _activate_splits_kernel[(num_pairs, ceil_div(f, block_f))](
         part_SNF2,
         routing.topk_ids,

@@ -102,8 +102,8 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
     """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 6
     pairs per expert (a 2-stage ring of 2-step copy groups), 16-row ones with the
     input through that ring at 7 and 8, then 16 with a 3-stage ring of one step a
-    group (the input through the 2-stage ring for small experts); the prefill rows
-    stay."""
+    group (the input through the 2-stage ring for small experts), all with
+    programmatic dependent launch; the prefill rows stay."""
 
     def tiles(pairs: int, experts: int, hidden: int = 7168) -> MoETiles:
         return configs.choose_tiles(
@@ -128,10 +128,17 @@ def test_int4_tiles_rule_with_the_mma_kernel() -> None:
     assert tiles(2048, 128).w2.mma
     assert tiles(2, 8).w2.split_k > 1
     assert not tiles(2049, 128).w13.mma  # 17 per expert: nibble halves
-    assert not configs.choose_tiles(
+    sixteen = configs.choose_tiles(
         num_pairs=512, num_experts=256, hidden_size=7168, intermediate_size=2048,
         sixteen_bit=True, mma=True,
-    ).w13.mma  # fmt: skip
+    )  # fmt: skip
+    assert not sixteen.w13.mma
+    # programmatic dependent launch with the Gluon kernel's rows only
+    assert all(
+        tiles(p, e).pdl for p, e in ((2, 8), (512, 256), (2048, 256), (2048, 128))
+    )
+    assert not tiles(2049, 128).pdl
+    assert not sixteen.pdl
 
 
 def test_mma_w2_split_for_long_reductions() -> None:
