@@ -14,8 +14,9 @@ as the table's, doubled and quadrupled; ``PROBE_SET=9``: both row-block forms of
 Gluon kernel, each with w13 split 1, 2 or 4 ways and the w2 split as the table's or
 doubled; ``PROBE_SET=11``: the activation through the ring, ``GemmTiles.x_shared``,
 in 8-, 16- and 32-row blocks; ``PROBE_SET=12``: the table's splits in 16-row blocks
-with ``x_shared``; ``PROBE_SET=13``: the table's tiles with and without
-``MoETiles.pdl``, each twice);
+with ``x_shared``; ``PROBE_SET=13``: the table's tiles with ``MoETiles.pdl`` as the
+table has it and flipped, each twice; the sweep that chose the table's form ran
+``bench/probe_pdl.py`` of commit f3ab058, since removed);
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -100,10 +101,11 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
     if os.environ.get("PROBE_SET") == "13":
-        pdl = attrs.evolve(default, pdl=True)
-        out["table gemm pdl"] = pdl
+        pdl = attrs.evolve(default, pdl=not default.pdl)
+        key = "table gemm " + ("without pdl" if default.pdl else "with pdl")
+        out[key] = pdl
         out["table gemm again"] = default
-        out["table gemm pdl again"] = pdl
+        out[key + " again"] = pdl
         return out
     if os.environ.get("PROBE_SET") == "12":
         form = attrs.evolve(MMA_TILES, num_stages=2, copy_steps=2, x_shared=True)
