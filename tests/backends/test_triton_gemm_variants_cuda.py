@@ -281,8 +281,8 @@ plainly between PDL launches)."""
 def test_gemm_pdl_matches_serial_launches(
     size: tuple[int, int, int, int, int], tiles: MoETiles
 ) -> None:
-    """``MoETiles.pdl`` lets each kernel of the gemm path start before the one ahead
-    of it ends: a wait in the wrong place would read a partial alignment or
+    """``MoETiles.pdl`` lets each kernel of the gemm path after the alignment start
+    before the one ahead of it ends: a wait in the wrong place would read a partial
     intermediate. Eager and graph-replayed outputs must equal, bit for bit, those of
     the same tiles launched one after the other, over fresh inputs and routings (the
     first with a pair for an expert held elsewhere)."""
