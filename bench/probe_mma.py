@@ -16,7 +16,9 @@ doubled; ``PROBE_SET=11``: the activation through the ring, ``GemmTiles.x_shared
 in 8-, 16- and 32-row blocks; ``PROBE_SET=12``: the table's splits in 16-row blocks
 with ``x_shared``; ``PROBE_SET=13``: the table's tiles with ``MoETiles.pdl`` as the
 table has it and flipped, each twice; the sweep that chose the table's form ran
-``bench/probe_pdl.py`` of commit f3ab058, since removed);
+``bench/probe_pdl.py`` of commit f3ab058, since removed; ``PROBE_SET=14``: 64-column
+tiles with the input through the ring in 16- and 32-row blocks, w13 unsplit, the w2
+split as the table's and halved);
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -100,6 +102,21 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "14":
+        for bm, stages, copy in ((16, 2, 2), (32, 2, 2), (32, 3, 1)):
+            form = attrs.evolve(
+                MMA_TILES, block_n=64, num_stages=stages, copy_steps=copy,
+                x_shared=True,
+            )  # fmt: skip
+            for split2 in sorted({w2.split_k, max(1, w2.split_k // 2)}):
+                out[f"xs bm{bm} n64 ring{stages}x{copy} w2 split {split2}"] = MoETiles(
+                    block_m=bm,
+                    w13=attrs.evolve(form, split_k=1),
+                    w2=attrs.evolve(form, split_k=split2),
+                    pdl=default.pdl,
+                )
+        out["table gemm again"] = default
+        return out
     if os.environ.get("PROBE_SET") == "13":
         pdl = attrs.evolve(default, pdl=not default.pdl)
         key = "table gemm " + ("without pdl" if default.pdl else "with pdl")

@@ -121,6 +121,11 @@ VARIANTS = {
     "mma-xshared-8x64x128-ring2-copy4-w13split2-split2": MoETiles(
         block_m=8, w13=NARROW_SHARED, w2=NARROW_SHARED
     ),
+    "mma-xshared-32x64x128-ring2-copy2-split2": MoETiles(
+        block_m=32,
+        w13=attrs.evolve(NARROW_SHARED, copy_steps=2, split_k=1),
+        w2=attrs.evolve(NARROW_SHARED, copy_steps=2),
+    ),
     "words-swap-16x64x128-w13split2": attrs.evolve(
         _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
         w13=attrs.evolve(
@@ -138,8 +143,9 @@ table's 8-row form, here with split 3: w2 splits of 2 steps, the last one partia
 look-ahead copies run past every split's end. The last two split w13's K too (4 ways
 of the Gluon kernel's 2-step groups over 12 steps, 2 of the Triton word kernel's):
 float32 partials that ``launch_activate`` sums and activates. ``xshared``: the input
-through the ring too (``GemmTiles.x_shared``), in 8-, 16- and 32-row blocks, with
-partial last splits (w2: 704 columns in 3 splits of 2 steps) and a w13 split."""
+through the ring too (``GemmTiles.x_shared``), in 8-, 16- and 32-row blocks (the
+8-row one and one 32-row one in 64-column tiles), with partial last splits (w2: 704 columns in 3 splits of
+2 steps) and a w13 split."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
