@@ -18,7 +18,8 @@ with ``x_shared``; ``PROBE_SET=13``: the table's tiles with ``MoETiles.pdl`` as 
 table has it and flipped, each twice; the sweep that chose the table's form ran
 ``bench/probe_pdl.py`` of commit f3ab058, since removed; ``PROBE_SET=14``: 64-column
 tiles with the input through the ring in 16- and 32-row blocks, w13 unsplit, the w2
-split as the table's and halved);
+split as the table's and halved; ``PROBE_SET=15``: the table's form with w13 split 1-3
+and w2 split 2-8 ways, odd splits included, for the waves of few busy experts);
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -102,6 +103,16 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "15":
+        for split13 in (1, 2, 3):
+            for split2 in (2, 3, 4, 5, 6, 8):
+                out[f"w13 split {split13} w2 split {split2}"] = attrs.evolve(
+                    default,
+                    w13=attrs.evolve(w13, split_k=split13),
+                    w2=attrs.evolve(w2, split_k=split2),
+                )
+        out["table gemm again"] = default
+        return out
     if os.environ.get("PROBE_SET") == "14":
         for bm, stages, copy in ((16, 2, 2), (32, 2, 2), (32, 3, 1)):
             form = attrs.evolve(
