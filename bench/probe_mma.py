@@ -99,18 +99,28 @@ COPY_GROUPS = {
 (``GemmTiles.copy_steps``)), for w13 and w2 alike."""
 
 
+def with_splits(
+    default: MoETiles, splits: list[tuple[int, int]]
+) -> dict[str, MoETiles | None]:
+    """``default`` with each ``(w13 split, w2 split)``, keyed by the two."""
+    return {
+        f"w13 split {a} w2 split {b}": attrs.evolve(
+            default,
+            w13=attrs.evolve(default.w13, split_k=a),
+            w2=attrs.evolve(default.w2, split_k=b),
+        )
+        for a, b in splits
+    }
+
+
 def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
     if os.environ.get("PROBE_SET") == "15":
-        for split13 in (1, 2, 3):
-            for split2 in (2, 3, 4, 5, 6, 8):
-                out[f"w13 split {split13} w2 split {split2}"] = attrs.evolve(
-                    default,
-                    w13=attrs.evolve(w13, split_k=split13),
-                    w2=attrs.evolve(w2, split_k=split2),
-                )
+        out |= with_splits(
+            default, [(a, b) for a in (1, 2, 3) for b in (2, 3, 4, 5, 6, 8)]
+        )
         out["table gemm again"] = default
         return out
     if os.environ.get("PROBE_SET") == "14":
@@ -177,16 +187,10 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
         out["auto again"] = None
         return out
     if os.environ.get("PROBE_SET") == "8":
-        for split13 in (1, 2, 4):
-            for factor in (1, 2, 4):
-                split2 = min(8, w2.split_k * factor)
-                if factor > 1 and split2 == w2.split_k:
-                    continue
-                out[f"w13 split {split13} w2 split {split2}"] = attrs.evolve(
-                    default,
-                    w13=attrs.evolve(w13, split_k=split13),
-                    w2=attrs.evolve(w2, split_k=split2),
-                )
+        splits2 = {min(8, w2.split_k * factor) for factor in (1, 2, 4)}
+        out |= with_splits(
+            default, [(a, b) for a in (1, 2, 4) for b in sorted(splits2)]
+        )
         out["auto again"] = None
         return out
     if os.environ.get("PROBE_SET") == "7":
