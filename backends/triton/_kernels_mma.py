@@ -313,6 +313,23 @@ def _row_scales(s_e, rows, n_mask, k0, k_end, stride_sn, GROUP: gl.constexpr):
 
 
 @gluon.jit
+def _word_planes(words, s_b, bias, CT: gl.constexpr, POST_SCALE: gl.constexpr):
+    """Each word's eight codes in ``CT``, as eight planes of ``words``' shape.
+
+    Plane ``i + 4h`` holds nibble ``i + 4h``: ``(q - z) * s``, or with ``POST_SCALE``
+    only ``q - z`` (exact). One inline-PTX block a word.
+    """
+    BF16: gl.constexpr = CT == gl.bfloat16  # noqa: SIM300 (CT is a constexpr)
+    CODES: gl.constexpr = _BF16_CODES_ASM if BF16 else _FP16_CODES_ASM
+    WORD: gl.constexpr = _BF16_WORD_ASM if BF16 else _FP16_WORD_ASM
+    ASM: gl.constexpr = CODES if POST_SCALE else WORD
+    return gl.inline_asm_elementwise(
+        ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
+        dtype=(CT.value,) * 8, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@gluon.jit
 def _dequant(
     words,
     s_b,
@@ -326,14 +343,7 @@ def _dequant(
 
     With ``POST_SCALE`` only ``q - z`` (exact); the kernel scales the product.
     """
-    BF16: gl.constexpr = CT == gl.bfloat16  # noqa: SIM300 (CT is a constexpr)
-    CODES: gl.constexpr = _BF16_CODES_ASM if BF16 else _FP16_CODES_ASM
-    WORD: gl.constexpr = _BF16_WORD_ASM if BF16 else _FP16_WORD_ASM
-    ASM: gl.constexpr = CODES if POST_SCALE else WORD
-    p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-        ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [words, s_b, bias],
-        dtype=(CT.value,) * 8, is_pure=True, pack=1,
-    )  # fmt: skip
+    p0, p1, p2, p3, p4, p5, p6, p7 = _word_planes(words, s_b, bias, CT, POST_SCALE)
     a = _to_logical_a(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N)
     return gl.convert_layout(a, A_LAYOUT)
 
@@ -365,14 +375,7 @@ def _mma_sub(
     POST_SCALE: gl.constexpr,
 ):  # fmt: skip
     """``p`` plus one 32-column sub-step: words ``w`` ``(BLOCK_N, 4)`` times ``xs``'s slice."""
-    BF16: gl.constexpr = CT == gl.bfloat16  # noqa: SIM300 (CT is a constexpr)
-    CODES: gl.constexpr = _BF16_CODES_ASM if BF16 else _FP16_CODES_ASM
-    WORD: gl.constexpr = _BF16_WORD_ASM if BF16 else _FP16_WORD_ASM
-    ASM: gl.constexpr = CODES if POST_SCALE else WORD
-    p0, p1, p2, p3, p4, p5, p6, p7 = gl.inline_asm_elementwise(
-        ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,h", [w, s_b, bias],
-        dtype=(CT.value,) * 8, is_pure=True, pack=1,
-    )  # fmt: skip
+    p0, p1, p2, p3, p4, p5, p6, p7 = _word_planes(w, s_b, bias, CT, POST_SCALE)
     a = gl.convert_layout(
         _to_logical_a32(p0, p1, p2, p3, p4, p5, p6, p7, BLOCK_N), A_LAYOUT
     )
