@@ -39,8 +39,9 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import GEMV_FEW, GemvTiles, MoETiles
+from backends.triton._configs import GEMV_FEW
 from backends.triton._fused import fused_moe, pick_tiles, use_dequant
+from backends.triton._tiles import GemvTiles, MoETiles
 from core.reference import moe_forward_reference
 
 REPS = 20

@@ -27,9 +27,9 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import GemvTiles
 from backends.triton._fused import fused_moe, use_gemv
 from backends.triton._launch import ExpertMatrix
+from backends.triton._tiles import GemvTiles
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
 

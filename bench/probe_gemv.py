@@ -35,7 +35,8 @@ from probe_kernels_h2 import h2_launch, pack_x
 from probe_kernels_layout import layout_launch
 
 from backends.triton._fused import fused_moe, pick_gemv_tiles
-from backends.triton._launch import ExpertMatrix, launch_gemv
+from backends.triton._launch import ExpertMatrix
+from backends.triton._launch_gemv import launch_gemv
 from core.config import MoEConfig
 from core.routing import Routing
 

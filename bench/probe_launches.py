@@ -36,7 +36,8 @@ from backends.triton._fused import (
     pick_gemv_tiles,
     use_gemv,
 )
-from backends.triton._launch import ExpertMatrix, buffer_dtype, launch_gemv, reduce_topk
+from backends.triton._launch import ExpertMatrix, buffer_dtype, reduce_topk
+from backends.triton._launch_gemv import launch_gemv
 from core.config import MoEConfig
 
 

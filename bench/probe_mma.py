@@ -59,9 +59,10 @@ from bench_gpu import (
     time_graph,
 )
 
-from backends.triton._configs import MMA_RING_STAGES, MMA_TILES, GemmTiles, MoETiles
+from backends.triton._configs_mma import MMA_RING_STAGES, MMA_TILES
 from backends.triton._fused import fused_moe, pick_tiles
 from backends.triton._launch import ExpertMatrix
+from backends.triton._tiles import GemmTiles, MoETiles
 from core.reference import moe_forward_reference
 
 

@@ -36,18 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_gpu import MODELS, copy_bandwidth, floor_ms, int4_layer, replay_graph, route
 
 from backends.triton._align import align_pairs_to_blocks
-from backends.triton._configs import MMA_TILES, choose_tiles
+from backends.triton._configs import choose_tiles
+from backends.triton._configs_mma import MMA_TILES
 from backends.triton._fused import (
     fused_moe,
     gemv_w2_split,
     pick_gemv_tiles,
 )
-from backends.triton._launch import (
-    buffer_dtype,
-    launch_gemm,
-    launch_gemv,
-    reduce_topk,
-)
+from backends.triton._launch import buffer_dtype, launch_gemm, reduce_topk
+from backends.triton._launch_gemv import launch_gemv
 from core.quantize import dequantize_expert
 
 SPLITS = (1, 2, 4, 8)

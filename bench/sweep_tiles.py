@@ -56,13 +56,11 @@ from backends.triton._configs import (
     GEMV_FEW,
     GEMV_PAIRED,
     SIXTEEN_BIT_MIN_PAIRS,
-    GemmTiles,
-    GemvTiles,
-    MoETiles,
     choose_tiles,
 )
 from backends.triton._fused import fused_moe, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
+from backends.triton._tiles import GemmTiles, GemvTiles, MoETiles
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
 from core.reference import moe_forward_reference

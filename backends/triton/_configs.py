@@ -1,6 +1,6 @@
 """Tile configurations of the fused-MoE kernels, per shape class, and the path rules.
 
-Imports only stdlib and attrs. Measured on one NVIDIA H200 (torch 2.11, triton 3.6,
+The tile objects are in ``_tiles.py``; this module imports only stdlib, attrs and it. Measured on one NVIDIA H200 (torch 2.11, triton 3.6,
 2026-12-02) with ``bench/sweep_tiles.py``; bench/TUNING.md has the numbers and
 bench/sweeps/ the raw logs. ``INTERPRETER`` keeps CPU tests small and fast.
 """
@@ -10,189 +10,13 @@ from typing import Final
 
 import attrs
 
-NUM_SMS_H200: Final = 132
-
-
-@attrs.frozen(kw_only=True)
-class GemmTiles:
-    """Tiles of one grouped GEMM.
-
-    Attributes:
-        block_n: output columns per program.
-        block_k: reduction elements per step.
-        split_k: programs sharing one output tile along the reduction (on w13 see
-            ``MoETiles``).
-        num_warps: warps per program.
-        num_stages: software-pipeline depth.
-        swap_ab: compute the transposed product (weights as the dot's first
-            operand), so Hopper's tensor cores read the dequantized tile from
-            registers instead of a shared-memory copy of it.
-        nibble_halves: int4 only: dot the tile's low and high nibbles as two halves
-            against an activation whose K is permuted to match (even columns of each
-            ``block_k`` chunk, then odd), instead of interleaving them in registers.
-        group_m: launch order: 0 runs every row block of a column tile before the
-            next tile; ``g`` > 0 runs ``g`` row blocks across all column tiles before
-            the next ``g`` (their input rows stay in L2).
-        int4_words: int4 only, instead of ``nibble_halves``: read the codes as int32
-            words (8 codes each) in K order and dequantize each word with one
-            inline-PTX block on the GPU (shifts and converts in the interpreter).
-            Taken where ``K % 8 == 0`` and the group size is a multiple of 8;
-            needs ``swap_ab`` (Triton 3.6 fails to compile the unswapped tile:
-            "Illegal shared layout" in its dot-operand pass).
-        mma: with ``int4_words``: run the Gluon kernel ``_kernels_mma.py`` instead,
-            whose threads load the words of their own ``mma.sync`` A fragments and
-            feed the dequantized codes to the tensor cores from registers. CUDA
-            sm_80+ only (``mma_target``); elsewhere, and for row blocks other than 8,
-            16 or 32, the Triton word kernel runs with the same tiles (8-row blocks
-            are then an error: its dots need 16 rows). Needs
-            ``block_k`` 128 and ``block_n`` a multiple of ``16 * num_warps``. Its
-            ``num_stages``: 1 loads each step's words one step ahead in registers;
-            ``s`` > 1 copies them ``s - 1`` steps ahead into a shared-memory ring
-            (``cp.async``).
-        copy_steps: with ``mma`` and a ring (``num_stages`` > 1; an error elsewhere):
-            K steps each group of ring slots holds, copied one right after the other
-            (1, 2 or 4). A row's 64 bytes of one step are then read back to back
-            with its next steps' instead of a step later: the H200 read 2.4 TB/s
-            from 64 bytes a row at a time and 3.9-4.1 TB/s from two such reads back
-            to back (bench/sweeps/probe_read_tiles_h200.log).
-        x_shared: with ``mma`` and a ring: the activation comes through the ring too
-            (each step's ``(block_m, 128)`` tile copied with its words) and enters
-            the MMA in four 32-column sub-steps read from shared memory, instead of
-            being loaded a step ahead into registers (64 registers a thread for two
-            steps of 16 rows, 128 of 32).
-    """
-
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    swap_ab: bool = False
-    nibble_halves: bool = False
-    group_m: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    int4_words: bool = False
-    mma: bool = False
-    copy_steps: int = 1
-    x_shared: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if self.copy_steps not in (1, 2, 4):
-            msg = f"GemmTiles.copy_steps must be 1, 2 or 4, got {self.copy_steps}"
-            raise ValueError(msg)
-        ring = self.mma and self.num_stages > 1  # the Gluon kernel's cp.async ring
-        for name, on in (
-            ("copy_steps > 1", self.copy_steps > 1),
-            ("x_shared", self.x_shared),
-        ):
-            if on and not ring:
-                msg = (
-                    f"GemmTiles.{name} needs mma=True and num_stages > 1 (the Gluon "
-                    f"kernel's cp.async ring), got mma={self.mma}, "
-                    f"num_stages={self.num_stages}"
-                )
-                raise ValueError(msg)
-        if self.mma and not self.int4_words:
-            raise ValueError("GemmTiles: mma needs int4_words=True")
-        if self.mma and (self.block_k != 128 or self.block_n % (16 * self.num_warps)):
-            msg = (
-                "GemmTiles: mma needs block_k 128 and block_n a multiple of "
-                f"16 * num_warps = {16 * self.num_warps}, got block_k {self.block_k}, "
-                f"block_n {self.block_n}"
-            )
-            raise ValueError(msg)
-        if self.int4_words and self.nibble_halves:
-            raise ValueError(
-                "GemmTiles: int4_words and nibble_halves are two dequantization "
-                "schemes; set at most one"
-            )
-        if self.int4_words and not self.swap_ab:
-            raise ValueError("GemmTiles: int4_words needs swap_ab=True")
-
-
-@attrs.frozen(kw_only=True)
-class GemvTiles:
-    """Tiles of the decode GEMV.
-
-    Attributes:
-        block_n: output rows per program.
-        block_k: reduction elements per step.
-        num_warps: warps per program.
-        prefetch: load the next step's weights (the word kernel: also its scales,
-            zero points and inputs) before this step's math.
-        loop_stages: software-pipeline depth Triton is asked for on the K loop
-            (``None``: its default).
-        w2_split: K splits of the w2 GEMV (``None``: ``gemv_split_for``).
-        words: read int32 words of 8 codes (``_kernels_gemv_words.py``) where the
-            weights allow it (``int4_words_fit``). ``prefetch`` and ``loop_stages``
-            apply to the int4 kernels (bytes and words), not the 16-bit one.
-        paired: sum two words of one group per float16 chain, scaling and
-            accumulating once for both (``_kernels_gemv_pairs.py``), where
-            ``words`` applies and groups hold two words or more (``G >= 16``).
-        pdl: programmatic dependent launch on sm_90 and newer (``launch_pdl``): the
-            word and paired w13 GEMVs let the next kernel launch as soon as all their
-            programs have started, and the w2 GEMV (word kernels) and the top-k sum
-            start early and wait (``griddepcontrol.wait``) before reading what the
-            kernel before them wrote; their launch latency hides behind its tail.
-        tma: the paired kernel reads its weight words by bulk tensor copies (TMA, a
-            tensor descriptor of the words as ``[E * rows, K / 8]``, a step's
-            ``[block_n, block_k / 8]`` words a copy), which Triton pipelines through
-            shared memory ``loop_stages`` deep; on sm_90 and newer and in the CPU
-            interpreter (``tma_target``), for weights ``tma_fit`` accepts. Elsewhere
-            the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
-        w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
-            ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
-    """
-
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    prefetch: bool = False
-    loop_stages: int | None = None
-    w2_split: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.ge(1))
-    )
-    words: bool = False
-    paired: bool = False
-    pdl: bool = False
-    tma: bool = False
-    w2_tiles: "GemvTiles | None" = None
-
-
-@attrs.frozen(kw_only=True)
-class MoETiles:
-    """Row-block size shared by both GEMMs, and each GEMM's tiles.
-
-    ``w13.split_k`` > 1: the w13 GEMM writes float32 K-split partials of its gate and
-    up rows, and one more launch sums them and applies the activation
-    (``launch_activate``); that launch writes w2's input in plain K order, so
-    ``w2.nibble_halves`` must then be off.
-
-    ``pdl``: programmatic dependent launch on sm_90 and newer (``pdl_target``) along
-    the ``gemm`` path: the Gluon GEMMs (``GemmTiles.mma``; the Triton GEMM launches
-    plainly), the activation of a split w13 and the top-k sum are launched with
-    ``launch_pdl`` and wait (``griddepcontrol.wait``) before their first read; the
-    Gluon GEMMs let the next kernel launch after their K loop, the activation at
-    once. So each launch's latency hides behind the tail of the kernel before it.
-    The alignment launches plainly and does not let w13 start early: that cost
-    Qwen3-30B-A3B M = 4 5 us (bench/TUNING.md).
-    """
-
-    block_m: int
-    w13: GemmTiles
-    w2: GemmTiles = attrs.field()
-    pdl: bool = False
-
-    @w2.validator
-    def _plain_input(self, attribute: object, value: GemmTiles) -> None:
-        del attribute
-        if self.w13.split_k > 1 and value.nibble_halves:
-            msg = (
-                "MoETiles.w2.nibble_halves needs w13.split_k == 1 (a K-split w13's "
-                f"activation writes w2's input unpermuted), got w13.split_k = "
-                f"{self.w13.split_k}"
-            )
-            raise ValueError(msg)
-
+from backends.triton._configs_mma import mma_tiles
+from backends.triton._tiles import (
+    NUM_SMS_H200 as NUM_SMS_H200,
+    GemmTiles,
+    GemvTiles,
+    MoETiles,
+)
 
 INTERPRETER: Final = MoETiles(
     block_m=16,
@@ -446,136 +270,6 @@ INT4_LARGE_EXPERT: Final = 1 << 22
 experts average more than 8 pairs (``int4_tiles``)."""
 
 
-MMA_TILES: Final = GemmTiles(
-    block_n=128, block_k=128, num_warps=4, num_stages=2, swap_ab=True,
-    int4_words=True, mma=True, copy_steps=2,
-)  # fmt: skip
-"""The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``), 8-row
-blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
-MMA_SMALL_BLOCK: Final = 8
-"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
-``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);
-more take 16-row blocks with the words read through a cp.async ring of
-``MMA_RING_STAGES`` steps, one step a copy group (or, for small experts, the form with
-the input through the ring)."""
-MMA_RING_STAGES: Final = 3
-MMA_SHARED_INPUT_MIN_PER_EXPERT: Final = 7
-"""From this many pairs per expert (ceiling average) up to ``MMA_SMALL_BLOCK``, and
-above it for experts of ``hidden * inter`` < ``MMA_SHARED_INPUT_MAX_EXPERT``, the decode
-row takes 16-row blocks with the input through the ring (``GemmTiles.x_shared``; 2
-stages of 2-step copy groups; 172 registers for the gated w13 instead of 227, offline
-sm_90). Graph replay, ms, against the table before
-(bench/sweeps/probe_mma_x_shared_h200.log, probe_mma_x_shared_rule_h200.log): Mixtral
-M = 20 / 24 / 28 / 32 (5-8 pairs an expert) 0.274 / 0.279 / 0.283 / 0.289 against
-0.252 / 0.278 / 0.283 / 0.322; DeepSeek-V3 M = 160 / 192 / 224 / 256 2.04 / 2.13 /
-2.19 / 2.14 against 2.01 / 2.20 / 2.40 / 2.52; Qwen3-235B M = 96 / 128 (6 and 8)
-0.447 / 0.462 against 0.449 / 0.531; 16 pairs an expert: Qwen3-235B M = 256 0.675
-against 0.718, Qwen3-30B-A3B M = 256 0.195 against 0.219, but Mixtral M = 64 0.452
-against 0.414. At <= 4 pairs an expert the 8-row form stays ahead (Mixtral M = 16
-0.245 against 0.269). One run of each cell."""
-MMA_SHARED_INPUT_MAX_EXPERT: Final = 1 << 23
-MMA_MAX_STEPS: Final = 32
-"""In 8-row blocks the w2 GEMM also splits K while its programs would run more than
-this many 128-column steps (``mma_split_for``), and the w13 GEMM splits K in two
-above it, or at it when its programs are fewer than ``MMA_W13_MIN_PROGRAMS``
-(``mma_w13_split``)."""
-MMA_W13_MIN_PROGRAMS: Final = 2 * 3 * NUM_SMS_H200
-"""Two waves of the 8-row form's programs (3 a multiprocessor: 150 registers, 64 KB of
-shared memory)."""
-MMA_W13_SPLIT_MAX_PER_EXPERT: Final = 4
-"""``mma_w13_split`` applies up to this many pairs per expert on average. DeepSeek-V3,
-graph replay, ms (bench/sweeps/probe_mma_forms_split_h200.log): split 2 against 1,
-1.813 vs 1.907 at M = 128 (4 per expert), but 3.056 vs 2.591 at M = 256 (8; 4 ways
-2.631)."""
-
-
-def mma_split_for(split: int, k: int) -> int:
-    """``split`` (``split_for``'s) doubled while a split has > ``MMA_MAX_STEPS`` steps.
-
-    At most 8 ways. Mixtral-8x7B's w2 (K = 14336, 112 steps) in 8-row blocks, graph
-    replay, ms: split 2 against ``split_for``'s 1
-    (bench/sweeps/probe_mma_copy_rule_h200.log) 0.251 vs 0.290 at M = 8, 0.297 vs 0.307
-    at M = 16, 0.336 vs 0.373 at M = 32; then split 4 against 2
-    (bench/sweeps/probe_mma_w13split_h200.log, L2 flushed by a read) 0.1455 vs 0.1491 at
-    M = 2, 0.1994 vs 0.2150 at M = 4, 0.1804 vs 0.1966 at M = 8, 0.2414 vs 0.2431 at
-    M = 16, 0.3426 vs 0.3445 at M = 32 (8 ways: within 2% of 4). Doubling the split of
-    the other models' w2 (6-16 steps) cost 1-7%.
-    """
-    while -(-k // (split * 128)) > MMA_MAX_STEPS and split < 8:
-        split *= 2
-    return split
-
-
-def mma_w13_split(k: int, programs: float) -> int:
-    """K splits of the w13 GEMM in 8-row blocks: 2 or 1 (``MoETiles``).
-
-    Two where its programs would run more than ``MMA_MAX_STEPS`` 128-column steps, or
-    exactly that many while fewer than ``MMA_W13_MIN_PROGRAMS`` (``programs``: the
-    expected busy experts times the column tiles). Graph replay, ms, L2 flushed by a
-    read (bench/sweeps/probe_mma_w13split_h200.log), split 2 against 1, each with the
-    w2 split of ``mma_split_for``: DeepSeek-V3 (56 steps) 0.745 vs 0.812 at M = 16,
-    1.494 vs 1.603 at M = 64; Mixtral-8x7B (32 steps, 112 tiles an expert) 0.1346 vs
-    0.1455 at M = 2 (3.3 busy experts), 0.1894 vs 0.1994 at M = 4 (5.3), 0.1746 vs
-    0.1804 at M = 8 (7.0), but 0.2469 vs 0.2414 at M = 16 and 0.3533 vs 0.3426 at
-    M = 32; Qwen3-235B-A22B (32 steps, 12 tiles) 0.1131 vs 0.1154 at M = 4, 0.2542 vs
-    0.2586 at M = 16, 0.4080 vs 0.4010 at M = 64; Qwen3-30B-A3B (16 steps) 0.0913 vs
-    0.0930 at M = 16, 0.1305 vs 0.1224 at M = 64. Four ways were slower than two
-    wherever two won. The w13 split adds a launch (``launch_activate``).
-    """
-    steps = -(-k // 128)
-    few = programs < MMA_W13_MIN_PROGRAMS
-    return 2 if steps > MMA_MAX_STEPS or (steps == MMA_MAX_STEPS and few) else 1
-
-
-def expected_busy_experts(num_pairs: int, num_experts: int) -> float:
-    """Experts that ``num_pairs`` uniformly routed pairs reach, on average."""
-    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** num_pairs)
-
-
-def _mma_tiles(
-    num_pairs: int,
-    num_experts: int,
-    per_expert: int,
-    hidden: int,
-    inter: int,
-    split: int,
-) -> MoETiles:
-    """``int4_tiles``'s decode row on the Gluon kernel; ``split``: ``split_for``'s w2 split.
-
-    8-row blocks of ``MMA_TILES`` up to ``MMA_SMALL_BLOCK`` pairs per expert, with the
-    w2 split of ``mma_split_for`` and the w13 split of ``mma_w13_split``; 16-row blocks
-    with the input through the ring from ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` (past
-    ``MMA_SMALL_BLOCK`` for small experts only), with the splits the form they replace
-    would take; else 16-row blocks of a ``MMA_RING_STAGES``-stage ring, one step a copy.
-    All with programmatic dependent launch (``MoETiles.pdl``: 1-3 us a layer,
-    bench/sweeps/probe_pdl_edges_h200.log).
-    """
-    small = per_expert <= MMA_SMALL_BLOCK
-    split13 = 1
-    if small:
-        split = mma_split_for(split, inter)
-        if per_expert <= MMA_W13_SPLIT_MAX_PER_EXPERT:
-            tiles13 = -(-inter // MMA_TILES.block_n)  # gated: gate and up rows
-            busy = expected_busy_experts(num_pairs, num_experts)
-            split13 = mma_w13_split(hidden, busy * tiles13)
-    shared = per_expert >= MMA_SHARED_INPUT_MIN_PER_EXPERT and (
-        small or hidden * inter < MMA_SHARED_INPUT_MAX_EXPERT
-    )
-    if shared:
-        form, block_m = attrs.evolve(MMA_TILES, x_shared=True), 16
-    elif small:
-        form, block_m = MMA_TILES, MMA_SMALL_BLOCK
-    else:
-        form = attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
-        block_m = 16
-    return MoETiles(
-        block_m=block_m,
-        w13=attrs.evolve(form, split_k=split13),
-        w2=attrs.evolve(form, split_k=split),
-        pdl=True,
-    )
-
-
 def int4_tiles(
     num_pairs: int,
     num_experts: int,
@@ -632,7 +326,7 @@ def int4_tiles(
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
         if mma:
-            return _mma_tiles(num_pairs, num_experts, per_expert, hidden, inter, split)
+            return mma_tiles(num_pairs, num_experts, per_expert, hidden, inter, split)
         tiles = GemmTiles(
             block_n=64, block_k=128, num_warps=4, num_stages=4, swap_ab=True,
             int4_words=True,

@@ -34,7 +34,7 @@ import torch
 
 import backends.triton._configs as configs
 from backends.triton._align import align_pairs_to_blocks
-from backends.triton._configs import GemvTiles, MoETiles, choose_tiles
+from backends.triton._configs import choose_tiles
 from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
@@ -43,12 +43,13 @@ from backends.triton._launch import (
     is_interpreting,
     launch_activate,
     launch_gemm,
-    launch_gemv,
     mma_target,
     permute_k,
     permuted_width,
     reduce_topk,
 )
+from backends.triton._launch_gemv import launch_gemv
+from backends.triton._tiles import GemvTiles, MoETiles
 from core.config import MoEConfig
 from core.errors import DTypeError
 from core.routing import Routing

@@ -2,7 +2,7 @@
 
 ``@triton.jit`` only.
 
-The typed host wrapper is ``_launch_gemv`` in ``_launch.py``; names as in
+The typed host wrapper is ``launch_gemv`` in ``_launch_gemv.py``; names as in
 ``_kernels.py`` (``N`` output columns, ``K`` reduction, one program per routed pair
 and column tile).
 """

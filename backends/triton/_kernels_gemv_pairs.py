@@ -1,6 +1,6 @@
 """Triton decode kernel of triton-w4a16 on int32 words, two words of a group per chain.
 
-``@triton.jit`` only; the typed host wrapper is ``launch_gemv`` in ``_launch.py``
+``@triton.jit`` only; the typed host wrapper is ``launch_gemv`` in ``_launch_gemv.py``
 (``GemvTiles.paired``). The math of ``_kernels_gemv_words.py`` (half2 products of
 codes and inputs scaled per step), with each float16 chain summing two words of one
 row and one group: one float32 conversion, one scale and one accumulation for both

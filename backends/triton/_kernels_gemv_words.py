@@ -1,6 +1,6 @@
 """Triton decode kernel of triton-w4a16 on int32 words: the pair-major GEMV, half2 products.
 
-``@triton.jit`` only; the typed host wrapper is ``launch_gemv`` in ``_launch.py``
+``@triton.jit`` only; the typed host wrapper is ``launch_gemv`` in ``_launch_gemv.py``
 (``GemvTiles.words``). Names as in ``_kernels_gemv.py``; ``W`` = int32 words of 8 codes.
 """
 

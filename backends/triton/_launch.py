@@ -12,11 +12,12 @@ import attrs
 import torch
 
 from backends.triton._align import BlockAlignment
-from backends.triton._configs import GemmTiles, GemvTiles, ceil_div, next_pow2
+from backends.triton._configs import ceil_div, next_pow2
+from backends.triton._tiles import GemmTiles
 from core.config import MoEConfig
 from core.routing import Routing
 
-_ACTIVATION_CODE = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swigluoai": 3}
+ACTIVATION_CODE = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swigluoai": 3}
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -80,7 +81,7 @@ def pdl_target(a: torch.Tensor) -> bool:
 
     CUDA devices of compute capability 9.0 or newer, not the interpreter.
     """
-    return _ptx_target(a) and _capability(a.device) >= 9
+    return ptx_target(a) and _capability(a.device) >= 9
 
 
 @functools.cache
@@ -99,55 +100,7 @@ def tma_target(a: torch.Tensor) -> bool:
     return pdl_target(a)
 
 
-def tma_fit(b: ExpertMatrix, tiles: GemvTiles) -> bool:
-    """Whether the paired GEMV can read ``b``'s words by TMA with ``tiles``.
-
-    Needs ``int4_words_fit`` with groups of two words or more (the paired kernel),
-    steps within one group or over whole power-of-two groups (a step's tile splits
-    into the groups' halves in registers), contiguous words, and
-    ``_words_descriptor``'s descriptor: rows of 16-byte
-    multiples (``K % 32 == 0``), a 16-byte aligned base, and a box of powers of two,
-    at most 256 per dimension (``block_n`` rows, ``block_k / 8`` words).
-    """
-    if not int4_words_fit(b) or b.group_size < 16:
-        return False
-    words = b.data.view(torch.int32)
-    e, rows, kw = (int(n) for n in words.shape)
-    box = (tiles.block_n, tiles.block_k // 8)
-    group = b.group_size
-    return (
-        words.is_contiguous()
-        and (tiles.block_k <= group or group & (group - 1) == 0)  # whole halves
-        and kw % 4 == 0
-        and words.data_ptr() % 16 == 0
-        and all(0 < n <= 256 and n & (n - 1) == 0 for n in box)
-        and e * rows < 2**31
-    )
-
-
-def _words_descriptor(words: torch.Tensor, tiles: GemvTiles) -> object:
-    """``_tma_words``' descriptor: ``words`` as ``[E * R, K / 8]``.
-
-    Blocks of ``[block_n, block_k / 8]`` words.
-    """
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    e, rows, kw = (int(n) for n in words.shape)
-    view = words.view(e * rows, kw)
-    return TensorDescriptor.from_tensor(view, [tiles.block_n, tiles.block_k // 8])
-
-
-def gemv_loop_stages(tiles: GemvTiles, *, tma: bool) -> int | None:
-    """The K loop's ``num_stages``: ``tiles.loop_stages``, but None (unpipelined).
-
-    That is for TMA tiles that fall back to plain loads (``tma`` False): their depth
-    is TMA's, and Triton's pipelining of plain loads measured slower
-    (bench/TUNING.md).
-    """
-    return None if tiles.tma and not tma else tiles.loop_stages
-
-
-def _pdl_launch(*, on: bool) -> dict[str, bool]:
+def pdl_launch_options(*, on: bool) -> dict[str, bool]:
     """Launch options of a dependent kernel: ``launch_pdl`` only where it is on.
 
     Triton builds for other targets may not know the option.
@@ -155,7 +108,7 @@ def _pdl_launch(*, on: bool) -> dict[str, bool]:
     return {"launch_pdl": True} if on else {}
 
 
-def _ptx_target(a: torch.Tensor) -> bool:
+def ptx_target(a: torch.Tensor) -> bool:
     """Whether kernels may use inline NVIDIA PTX: CUDA tensors, not the interpreter.
 
     Intel's Triton (XPU) and the CPU interpreter take the same bits by plain Triton ops.
@@ -237,14 +190,8 @@ def launch_gemm(
         n, gated = 2 * n, False
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
     mma = tiles.mma and words and mma_target(a_MK) and align.block_m in MMA_BLOCK_M
-    if tiles.mma and not mma and align.block_m < 16:
-        msg = (
-            f"GemmTiles.mma with {align.block_m}-row blocks needs the Gluon kernel "
-            "(the Triton kernels' dots take >= 16 rows): a CUDA sm_80+ device and "
-            f"int4 weights of whole int32 words; got a {a_MK.device.type} tensor, "
-            f"words {'fit' if words else 'do not fit'}"
-        )
-        raise ValueError(msg)
+    if tiles.mma and not mma:
+        _check_triton_rows(align.block_m, a_MK, words=words)
     args = (
         a_MK, b.data, scale, zero, out, align.sorted_pairs, align.block_expert,
         align.block_rows, routing.topk_weights, bias,
@@ -257,7 +204,7 @@ def launch_gemm(
     meta = {
         "A_DIV": routing.top_k if w13 else 1, "GROUP": group,
         "HAS_ZP": b.zero_point is not None, "GATED": gated,
-        "ACT": _ACTIVATION_CODE[config.activation],
+        "ACT": ACTIVATION_CODE[config.activation],
         "WEIGHT_ROWS": w13 and config.apply_router_weight_on_input,
         "CT": _operand_dtype(a_MK.dtype), "BLOCK_M": align.block_m,
         "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
@@ -271,15 +218,31 @@ def launch_gemm(
             *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
             STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
             X_SHARED=tiles.x_shared and _whole_copies(a_MK, k), PDL=pdl,
-            **_pdl_launch(on=pdl),
+            **pdl_launch_options(on=pdl),
         )  # fmt: skip
         return
     _moe_gemm_kernel[grid](
         *args, **meta, INT4=b.is_int4, BLOCK_K=tiles.block_k, SWAP_AB=tiles.swap_ab,
         KPERM=tiles.nibble_halves and b.is_int4, PERM_OUT=perm_out,
-        GROUP_M=tiles.group_m, WORDS=words, ASM=words and _ptx_target(a_MK),
+        GROUP_M=tiles.group_m, WORDS=words, ASM=words and ptx_target(a_MK),
         num_stages=tiles.num_stages,
     )  # fmt: skip
+
+
+def _check_triton_rows(block_m: int, a_MK: torch.Tensor, *, words: bool) -> None:
+    """Raise unless the Triton kernel can run ``GemmTiles.mma`` tiles' ``block_m``.
+
+    Tiles the Gluon kernel does not take run on the Triton kernel, whose dots need
+    blocks of >= 16 rows.
+    """
+    if block_m < 16:
+        msg = (
+            f"GemmTiles.mma with {block_m}-row blocks needs the Gluon kernel "
+            "(the Triton kernels' dots take >= 16 rows): a CUDA sm_80+ device and "
+            f"int4 weights of whole int32 words; got a {a_MK.device.type} tensor, "
+            f"words {'fit' if words else 'do not fit'}"
+        )
+        raise ValueError(msg)
 
 
 def _whole_copies(a_MK: torch.Tensor, k: int) -> bool:
@@ -360,120 +323,6 @@ def permute_k(x_MK: torch.Tensor, chunk: int) -> torch.Tensor:
     return chunks.transpose(2, 3).reshape(m, width)
 
 
-def launch_gemv(
-    a_MK: torch.Tensor,
-    b: ExpertMatrix,
-    out: torch.Tensor,
-    *,
-    n: int,
-    routing: Routing,
-    config: MoEConfig,
-    gated: bool,
-    tiles: GemvTiles,
-    split: int = 1,
-) -> None:
-    """Launch the decode GEMV writing ``out`` ``(N, n)``.
-
-    With ``split`` > 1 (ungated only) ``out`` is ``(split, N, n)`` float32 partials.
-    16-bit weights: ``_moe_gemv16_kernel``. int4: with ``tiles.words`` and
-    ``int4_words_fit`` ``_moe_gemv_pairs_kernel`` (``tiles.paired``, groups of two
-    words or more) or ``_moe_gemv_words_kernel``, else the byte kernel
-    ``_moe_gemv_kernel``.
-    """
-    assert split == 1 or (not gated and out.ndim == 3 and out.shape[0] == split)
-    k = int(a_MK.shape[1])
-    k_per_split = ceil_div(ceil_div(k, split), tiles.block_k) * tiles.block_k
-    bias = b.bias if b.bias is not None else b.data
-    grid = (routing.topk_ids.numel(), ceil_div(n, tiles.block_n), split)
-    common = (
-        routing.topk_ids,
-        routing.topk_weights,
-        bias,
-        n,
-        k,
-        k_per_split,
-        float(config.swiglu_alpha),
-        float(config.swiglu_limit),
-        a_MK.stride(0),
-    )
-    out_strides = (
-        out.stride(0) if out.ndim == 3 else 0,
-        out.stride(-2),
-        bias.stride(0),
-    )
-    meta = _gemv_meta(tiles, routing=routing, config=config, gated=gated, bias=b.bias)
-    if not b.is_int4:
-        from backends.triton._kernels_gemv import _moe_gemv16_kernel
-
-        _moe_gemv16_kernel[grid](
-            a_MK, b.data, out, *common, b.data.stride(0), b.data.stride(1),
-            *out_strides, **meta,
-        )  # fmt: skip
-        return
-    assert b.scale is not None
-    zero = b.zero_point if b.zero_point is not None else b.scale
-    meta |= {"GROUP": b.group_size, "HAS_ZP": b.zero_point is not None}
-    if tiles.words and int4_words_fit(b):
-        from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
-        from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
-
-        words = b.data.view(torch.int32)
-        pdl = tiles.pdl and pdl_target(a_MK)
-        paired = tiles.paired and b.group_size >= 16  # two words a group
-        tma = paired and tiles.tma and tma_target(a_MK) and tma_fit(b, tiles)
-        launch = {
-            "EVEN": k % tiles.block_k == 0, "PREFETCH": tiles.prefetch,
-            "LOOP_STAGES": gemv_loop_stages(tiles, tma=tma), "ASM": _ptx_target(a_MK),
-            "PDL_WAIT": pdl and not gated, "PDL_NEXT": pdl,
-        } | meta | _pdl_launch(on=pdl and not gated)  # fmt: skip
-        head = (a_MK, words, b.scale, zero, out, *common[:3])
-        tail = (
-            *common[3:], words.stride(0), words.stride(1), b.scale.stride(0),
-            b.scale.stride(1), *out_strides,
-        )  # fmt: skip
-        if not paired:
-            _moe_gemv_words_kernel[grid](*head, *tail, **launch)
-            return
-        desc = _words_descriptor(words, tiles) if tma else None
-        _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
-        return
-    from backends.triton._kernels_gemv import _moe_gemv_kernel
-
-    group = b.group_size
-    ng = (
-        tiles.block_k // group
-        if group < tiles.block_k and tiles.block_k % group == 0
-        else 1
-    )
-    _moe_gemv_kernel[grid](
-        a_MK, b.data, b.scale, zero, out, *common,
-        b.data.stride(0), b.data.stride(1), b.scale.stride(0), b.scale.stride(1),
-        *out_strides, NG=ng, PREFETCH=tiles.prefetch,
-        LOOP_STAGES=gemv_loop_stages(tiles, tma=False), **meta,
-    )  # fmt: skip
-
-
-def _gemv_meta(
-    tiles: GemvTiles,
-    *,
-    routing: Routing,
-    config: MoEConfig,
-    gated: bool,
-    bias: torch.Tensor | None,
-) -> dict[str, object]:
-    """The meta-parameters every GEMV kernel takes (int4 ones add GROUP and HAS_ZP)."""
-    return {
-        "A_DIV": routing.top_k if gated else 1,
-        "GATED": gated,
-        "ACT": _ACTIVATION_CODE[config.activation],
-        "WEIGHT_ROWS": gated and config.apply_router_weight_on_input,
-        "HAS_BIAS": bias is not None,
-        "BLOCK_N": tiles.block_n,
-        "BLOCK_K": tiles.block_k,
-        "num_warps": tiles.num_warps,
-    }
-
-
 def reduce_topk(
     part_SND: torch.Tensor,
     routing: Routing,
@@ -509,7 +358,7 @@ def reduce_topk(
         WEIGHTED=weighted,
         BLOCK_D=block_d,
         PDL=pdl,
-        **_pdl_launch(on=pdl),
+        **pdl_launch_options(on=pdl),
     )
     return out_TD.to(dtype)
 
@@ -546,11 +395,11 @@ def launch_activate(
         part_SNF2.stride(0),
         part_SNF2.stride(1),
         out_NF.stride(0),
-        ACT=_ACTIVATION_CODE[config.activation],
+        ACT=ACTIVATION_CODE[config.activation],
         SPLIT=int(part_SNF2.shape[0]),
         BLOCK_F=block_f,
         PDL=pdl,
-        **_pdl_launch(on=pdl),
+        **pdl_launch_options(on=pdl),
     )
 
 

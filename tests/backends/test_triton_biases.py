@@ -16,8 +16,8 @@ from backends.triton import (
     TritonEmulationBackend,
     TritonW4A16Backend,
 )
-from backends.triton._configs import GemmTiles, GemvTiles, MoETiles
 from backends.triton._fused import fused_moe
+from backends.triton._tiles import GemmTiles, GemvTiles, MoETiles
 from core.config import Activation, MoEConfig
 from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference

@@ -15,7 +15,7 @@ from backends.triton import (
 )
 from backends.triton._configs import choose_tiles
 from backends.triton._fused import use_gemv
-from backends.triton._launch import ExpertMatrix, _ptx_target
+from backends.triton._launch import ExpertMatrix, ptx_target
 from core.config import Activation, MoEConfig
 from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme
@@ -246,7 +246,7 @@ def test_w4a16_group_per_row_with_small_k(dims: tuple[int, int], tokens: int) ->
 
 
 def test_w4a16_inline_ptx_targets_cuda_tensors() -> None:
-    assert _ptx_target(torch.empty(1, device="cuda"))
+    assert ptx_target(torch.empty(1, device="cuda"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from backends.triton import TritonW4A16Backend
-from backends.triton._configs import GemmTiles, MoETiles
 from backends.triton._fused import fused_moe
+from backends.triton._tiles import GemmTiles, MoETiles
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
 from core.scheme import Int4Scheme

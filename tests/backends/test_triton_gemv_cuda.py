@@ -10,8 +10,8 @@ import torch
 
 import backends.triton._configs as configs
 from backends.triton import TritonW4A16Backend
-from backends.triton._configs import GemvTiles
 from backends.triton._fused import fused_moe, mma_runs, use_gemv
+from backends.triton._tiles import GemvTiles
 from core.config import Activation, MoEConfig
 from core.scheme import Int4Scheme
 from tests.backends.triton_cuda_cases import (

@@ -12,8 +12,8 @@ import attrs
 import torch
 
 from backends.triton import TritonW4A16Backend
-from backends.triton._configs import GemvTiles, MoETiles
 from backends.triton._fused import Path, fused_moe
+from backends.triton._tiles import GemvTiles, MoETiles
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk

@@ -1,5 +1,6 @@
 """Shared pieces of the Triton interpreter tests (test_triton_interpreter.py,
-test_triton_paths.py): the tiny layer, its weights and the path runner.
+test_triton_paths.py, test_triton_gemm_paths.py): the tiny layer, its weights and the
+path runner.
 
 ``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` where no CUDA device exists.
 """
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from backends.triton import TritonW4A16Backend, TritonW4A16Prepared
-from backends.triton._configs import GemvTiles, MoETiles
 from backends.triton._fused import Path, fused_moe
+from backends.triton._tiles import GemvTiles, MoETiles
 from core.config import Activation, MoEConfig
 from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference

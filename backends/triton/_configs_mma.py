@@ -1,0 +1,142 @@
+"""The int4 decode row's tiles where the Gluon MMA kernel runs (``mma_tiles``).
+
+Part of the tile table of ``_configs.py`` (``int4_tiles`` takes this row when ``mma``);
+its forms, splits and thresholds, each with the measurements that chose it (one NVIDIA
+H200, torch 2.11, triton 3.6; bench/TUNING.md, bench/sweeps/). Imports only stdlib,
+attrs and ``_tiles.py``.
+"""
+
+from typing import Final
+
+import attrs
+
+from backends.triton._tiles import NUM_SMS_H200, GemmTiles, MoETiles
+
+MMA_TILES: Final = GemmTiles(
+    block_n=128, block_k=128, num_warps=4, num_stages=2, swap_ab=True,
+    int4_words=True, mma=True, copy_steps=2,
+)  # fmt: skip
+"""The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``), 8-row
+blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
+MMA_SMALL_BLOCK: Final = 8
+"""Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
+``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);
+more take 16-row blocks with the words read through a cp.async ring of
+``MMA_RING_STAGES`` steps, one step a copy group (or, for small experts, the form with
+the input through the ring)."""
+MMA_RING_STAGES: Final = 3
+MMA_SHARED_INPUT_MIN_PER_EXPERT: Final = 7
+"""From this many pairs per expert (ceiling average) up to ``MMA_SMALL_BLOCK``, and
+above it for experts of ``hidden * inter`` < ``MMA_SHARED_INPUT_MAX_EXPERT``, the decode
+row takes 16-row blocks with the input through the ring (``GemmTiles.x_shared``; 2
+stages of 2-step copy groups; 172 registers for the gated w13 instead of 227, offline
+sm_90). Graph replay, ms, against the table before
+(bench/sweeps/probe_mma_x_shared_h200.log, probe_mma_x_shared_rule_h200.log): Mixtral
+M = 20 / 24 / 28 / 32 (5-8 pairs an expert) 0.274 / 0.279 / 0.283 / 0.289 against
+0.252 / 0.278 / 0.283 / 0.322; DeepSeek-V3 M = 160 / 192 / 224 / 256 2.04 / 2.13 /
+2.19 / 2.14 against 2.01 / 2.20 / 2.40 / 2.52; Qwen3-235B M = 96 / 128 (6 and 8)
+0.447 / 0.462 against 0.449 / 0.531; 16 pairs an expert: Qwen3-235B M = 256 0.675
+against 0.718, Qwen3-30B-A3B M = 256 0.195 against 0.219, but Mixtral M = 64 0.452
+against 0.414. At <= 4 pairs an expert the 8-row form stays ahead (Mixtral M = 16
+0.245 against 0.269). One run of each cell."""
+MMA_SHARED_INPUT_MAX_EXPERT: Final = 1 << 23
+MMA_MAX_STEPS: Final = 32
+"""In 8-row blocks the w2 GEMM also splits K while its programs would run more than
+this many 128-column steps (``mma_split_for``), and the w13 GEMM splits K in two
+above it, or at it when its programs are fewer than ``MMA_W13_MIN_PROGRAMS``
+(``mma_w13_split``)."""
+MMA_W13_MIN_PROGRAMS: Final = 2 * 3 * NUM_SMS_H200
+"""Two waves of the 8-row form's programs (3 a multiprocessor: 150 registers, 64 KB of
+shared memory)."""
+MMA_W13_SPLIT_MAX_PER_EXPERT: Final = 4
+"""``mma_w13_split`` applies up to this many pairs per expert on average. DeepSeek-V3,
+graph replay, ms (bench/sweeps/probe_mma_forms_split_h200.log): split 2 against 1,
+1.813 vs 1.907 at M = 128 (4 per expert), but 3.056 vs 2.591 at M = 256 (8; 4 ways
+2.631)."""
+
+
+def mma_split_for(split: int, k: int) -> int:
+    """``split`` (``split_for``'s) doubled while a split has > ``MMA_MAX_STEPS`` steps.
+
+    At most 8 ways. Mixtral-8x7B's w2 (K = 14336, 112 steps) in 8-row blocks, graph
+    replay, ms: split 2 against ``split_for``'s 1
+    (bench/sweeps/probe_mma_copy_rule_h200.log) 0.251 vs 0.290 at M = 8, 0.297 vs 0.307
+    at M = 16, 0.336 vs 0.373 at M = 32; then split 4 against 2
+    (bench/sweeps/probe_mma_w13split_h200.log, L2 flushed by a read) 0.1455 vs 0.1491 at
+    M = 2, 0.1994 vs 0.2150 at M = 4, 0.1804 vs 0.1966 at M = 8, 0.2414 vs 0.2431 at
+    M = 16, 0.3426 vs 0.3445 at M = 32 (8 ways: within 2% of 4). Doubling the split of
+    the other models' w2 (6-16 steps) cost 1-7%.
+    """
+    while -(-k // (split * 128)) > MMA_MAX_STEPS and split < 8:
+        split *= 2
+    return split
+
+
+def mma_w13_split(k: int, programs: float) -> int:
+    """K splits of the w13 GEMM in 8-row blocks: 2 or 1 (``MoETiles``).
+
+    Two where its programs would run more than ``MMA_MAX_STEPS`` 128-column steps, or
+    exactly that many while fewer than ``MMA_W13_MIN_PROGRAMS`` (``programs``: the
+    expected busy experts times the column tiles). Graph replay, ms, L2 flushed by a
+    read (bench/sweeps/probe_mma_w13split_h200.log), split 2 against 1, each with the
+    w2 split of ``mma_split_for``: DeepSeek-V3 (56 steps) 0.745 vs 0.812 at M = 16,
+    1.494 vs 1.603 at M = 64; Mixtral-8x7B (32 steps, 112 tiles an expert) 0.1346 vs
+    0.1455 at M = 2 (3.3 busy experts), 0.1894 vs 0.1994 at M = 4 (5.3), 0.1746 vs
+    0.1804 at M = 8 (7.0), but 0.2469 vs 0.2414 at M = 16 and 0.3533 vs 0.3426 at
+    M = 32; Qwen3-235B-A22B (32 steps, 12 tiles) 0.1131 vs 0.1154 at M = 4, 0.2542 vs
+    0.2586 at M = 16, 0.4080 vs 0.4010 at M = 64; Qwen3-30B-A3B (16 steps) 0.0913 vs
+    0.0930 at M = 16, 0.1305 vs 0.1224 at M = 64. Four ways were slower than two
+    wherever two won. The w13 split adds a launch (``launch_activate``).
+    """
+    steps = -(-k // 128)
+    few = programs < MMA_W13_MIN_PROGRAMS
+    return 2 if steps > MMA_MAX_STEPS or (steps == MMA_MAX_STEPS and few) else 1
+
+
+def expected_busy_experts(num_pairs: int, num_experts: int) -> float:
+    """Experts that ``num_pairs`` uniformly routed pairs reach, on average."""
+    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** num_pairs)
+
+
+def mma_tiles(
+    num_pairs: int,
+    num_experts: int,
+    per_expert: int,
+    hidden: int,
+    inter: int,
+    split: int,
+) -> MoETiles:
+    """``int4_tiles``'s decode row on the Gluon kernel; ``split``: ``split_for``'s w2 split.
+
+    8-row blocks of ``MMA_TILES`` up to ``MMA_SMALL_BLOCK`` pairs per expert, with the
+    w2 split of ``mma_split_for`` and the w13 split of ``mma_w13_split``; 16-row blocks
+    with the input through the ring from ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` (past
+    ``MMA_SMALL_BLOCK`` for small experts only), with the splits the form they replace
+    would take; else 16-row blocks of a ``MMA_RING_STAGES``-stage ring, one step a copy.
+    All with programmatic dependent launch (``MoETiles.pdl``: 1-3 us a layer,
+    bench/sweeps/probe_pdl_edges_h200.log).
+    """
+    small = per_expert <= MMA_SMALL_BLOCK
+    split13 = 1
+    if small:
+        split = mma_split_for(split, inter)
+        if per_expert <= MMA_W13_SPLIT_MAX_PER_EXPERT:
+            tiles13 = -(-inter // MMA_TILES.block_n)  # gated: gate and up rows
+            busy = expected_busy_experts(num_pairs, num_experts)
+            split13 = mma_w13_split(hidden, busy * tiles13)
+    shared = per_expert >= MMA_SHARED_INPUT_MIN_PER_EXPERT and (
+        small or hidden * inter < MMA_SHARED_INPUT_MAX_EXPERT
+    )
+    if shared:
+        form, block_m = attrs.evolve(MMA_TILES, x_shared=True), 16
+    elif small:
+        form, block_m = MMA_TILES, MMA_SMALL_BLOCK
+    else:
+        form = attrs.evolve(MMA_TILES, num_stages=MMA_RING_STAGES, copy_steps=1)
+        block_m = 16
+    return MoETiles(
+        block_m=block_m,
+        w13=attrs.evolve(form, split_k=split13),
+        w2=attrs.evolve(form, split_k=split),
+        pdl=True,
+    )

@@ -1,0 +1,111 @@
+"""The tile table's int4 decode row on the Gluon kernel (``backends/triton/_configs_mma.py``).
+
+Host-side only (no kernel runs): the forms, row blocks and K splits that
+``choose_tiles`` gives where the Gluon kernel runs, and the split rules behind them.
+"""
+
+import attrs
+import pytest
+
+import backends.triton._configs as configs
+import backends.triton._configs_mma as mma_configs
+from backends.triton._tiles import MoETiles
+
+
+def test_int4_tiles_rule_with_the_mma_kernel() -> None:
+    """Where the Gluon kernel runs, the decode row takes it: 8-row blocks up to 6
+    pairs per expert (a 2-stage ring of 2-step copy groups), 16-row ones with the
+    input through that ring at 7 and 8, then 16 with a 3-stage ring of one step a
+    group (the input through the 2-stage ring for small experts), all with
+    programmatic dependent launch; the prefill rows stay."""
+
+    def tiles(pairs: int, experts: int, hidden: int = 7168) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=experts, hidden_size=hidden,
+            intermediate_size=2048, mma=True,
+        )  # fmt: skip
+
+    assert tiles(512, 256).w13 == attrs.evolve(mma_configs.MMA_TILES, split_k=2)
+    assert tiles(512, 256).block_m == 8
+    assert tiles(1536, 256).block_m == 8  # 6 per expert
+    assert not tiles(1536, 256).w13.x_shared
+    shared = attrs.evolve(mma_configs.MMA_TILES, x_shared=True)
+    for pairs in (1537, 2048):  # 7 and 8 per expert
+        assert tiles(pairs, 256).block_m == 16
+        assert tiles(pairs, 256).w13 == shared
+        assert tiles(pairs, 256).w2 == shared  # DeepSeek-V3's w2: 16 steps, 1 split
+    assert tiles(2048, 128).block_m == 16  # 16 per expert
+    assert tiles(2048, 128).w13.num_stages == mma_configs.MMA_RING_STAGES
+    assert tiles(2048, 128).w13.copy_steps == 1
+    assert not tiles(2048, 128).w13.x_shared  # a large expert
+    assert tiles(2048, 128, hidden=2048).w13 == shared  # a small one
+    assert tiles(2048, 128).w2.mma
+    assert tiles(2, 8).w2.split_k > 1
+    assert not tiles(2049, 128).w13.mma  # 17 per expert: nibble halves
+    sixteen = configs.choose_tiles(
+        num_pairs=512, num_experts=256, hidden_size=7168, intermediate_size=2048,
+        sixteen_bit=True, mma=True,
+    )  # fmt: skip
+    assert not sixteen.w13.mma
+    # programmatic dependent launch with the Gluon kernel's rows only
+    assert all(
+        tiles(p, e).pdl for p, e in ((2, 8), (512, 256), (2048, 256), (2048, 128))
+    )
+    assert not tiles(2049, 128).pdl
+    assert not sixteen.pdl
+
+
+def test_mma_w2_split_for_long_reductions() -> None:
+    """In 8-row blocks the w2 GEMM splits K until <= MMA_MAX_STEPS steps a split."""
+    assert mma_configs.MMA_MAX_STEPS == 32
+    assert mma_configs.mma_split_for(1, 14336) == 4  # Mixtral: 112 steps, then 56, 28
+    assert mma_configs.mma_split_for(8, 14336) == 8  # already short enough
+    assert mma_configs.mma_split_for(1, 2048) == 1  # DeepSeek-V3: 16 steps
+    assert mma_configs.mma_split_for(1, 128 * 32) == 1
+    assert mma_configs.mma_split_for(1, 128 * 32 + 1) == 2
+    assert mma_configs.mma_split_for(1, 1 << 24) == 8  # at most 8 ways
+
+    def tiles(pairs: int, experts: int, inter: int) -> MoETiles:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=experts, hidden_size=4096,
+            intermediate_size=inter, mma=True,
+        )  # fmt: skip
+
+    assert tiles(32, 8, 14336).block_m == 8
+    assert tiles(32, 8, 14336).w2.split_k == 4  # Mixtral-8x7B at M = 16
+    assert tiles(128, 8, 14336).block_m == 16  # 16 per expert: the split as before
+    assert tiles(128, 8, 14336).w2.split_k == configs.split_for(8 * 64, 14336, 128)
+
+
+def test_mma_w13_split_for_long_or_few_programs() -> None:
+    """In 8-row blocks of <= 4 pairs an expert, w13 splits K in two above
+    MMA_MAX_STEPS steps, or at it with fewer than two waves of programs (expected busy
+    experts times column tiles)."""
+    assert mma_configs.mma_w13_split(7168, 1e6) == 2  # DeepSeek-V3: 56 steps
+    assert mma_configs.mma_w13_split(4096, 791) == 2  # 32 steps, under two waves
+    assert mma_configs.mma_w13_split(4096, 792) == 1
+    assert mma_configs.mma_w13_split(4096 - 127, 10) == 2  # 32 steps, the last partial
+    assert mma_configs.mma_w13_split(4096 - 128, 10) == 1  # 31 steps
+    assert mma_configs.mma_w13_split(2048, 10) == 1  # Qwen3-30B-A3B: 16 steps
+    assert mma_configs.expected_busy_experts(1, 8) == pytest.approx(1.0)
+    assert mma_configs.expected_busy_experts(16, 8) == pytest.approx(
+        8 * (1 - 0.875**16)
+    )
+    assert mma_configs.expected_busy_experts(10**6, 256) == pytest.approx(256.0)
+
+    def tiles(m: int, model: tuple[int, int, int, int]) -> MoETiles:
+        e, k, d, f = model
+        return configs.choose_tiles(
+            num_pairs=m * k, num_experts=e, hidden_size=d, intermediate_size=f,
+            mma=True,
+        )  # fmt: skip
+
+    mixtral, deepseek = (8, 2, 4096, 14336), (256, 8, 7168, 2048)
+    qwen235, qwen30 = (128, 8, 4096, 1536), (128, 8, 2048, 768)
+    # Mixtral: 112 column tiles an expert; 5.3 busy at M = 4, 7.0 at 8, 7.9 at 16
+    assert [tiles(m, mixtral).w13.split_k for m in (2, 4, 8, 16, 32)] == [2, 2, 2, 1, 1]
+    assert [tiles(m, deepseek).w13.split_k for m in (1, 16, 64, 128)] == [2, 2, 2, 2]
+    assert tiles(256, deepseek).w13.split_k == 1  # 8 per expert: not split
+    assert tiles(512, deepseek).w13.split_k == 1  # 16 per expert: 16-row blocks
+    assert [tiles(m, qwen235).w13.split_k for m in (4, 16, 64)] == [2, 1, 1]
+    assert [tiles(m, qwen30).w13.split_k for m in (4, 16, 64)] == [1, 1, 1]
