@@ -248,46 +248,106 @@ def _moe_gemm_kernel(
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_s * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    HALF: tl.constexpr = BLOCK_K // 2
     for k0 in range(k_start, k_end, BLOCK_K):
         if KPERM:
-            offs_h = tl.arange(0, HALF)
-            a_mask = m_mask[:, None] & ((k0 // 2 + offs_h)[None, :] < k_end // 2)
-            a_lo_ptrs = a_ptr + a_rows[:, None] * stride_am + (k0 + offs_h)[None, :]
-            a_lo = tl.load(a_lo_ptrs, mask=a_mask, other=0).to(CT)
-            a_hi = tl.load(a_lo_ptrs + HALF, mask=a_mask, other=0).to(CT)
-            w_lo, w_hi = _load_weight_halves(
-                b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn,
-                GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+            acc, acc_up = _step_halves(
+                acc, acc_up, a_ptr + a_rows[:, None] * stride_am, m_mask, b_e, s_e, z_e,
+                offs_n, n_mask, k0, k_end, K, N, stride_bn, stride_sn, GROUP, HAS_ZP,
+                GATED, BLOCK_N, BLOCK_K, CT, SWAP_AB,
             )  # fmt: skip
-            acc = _dot(acc, a_lo, w_lo, SWAP_AB)
-            acc = _dot(acc, a_hi, w_hi, SWAP_AB)
-            if GATED:
-                u_lo, u_hi = _load_weight_halves(
-                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn, stride_sn,
-                    GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT,
-                )  # fmt: skip
-                acc_up = _dot(acc_up, a_lo, u_lo, SWAP_AB)
-                acc_up = _dot(acc_up, a_hi, u_hi, SWAP_AB)
-        else:  # K in order: bytes (or 16-bit weights), or int32 words
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
-            a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
-            a = tl.load(a_ptrs, mask=a_mask, other=0).to(CT)
-            w = _load_weight_in_order(
-                b_e, s_e, z_e, offs_n, n_mask, k0, K, k_words, stride_bn, stride_sn,
-                GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, WORDS, ASM,
+        else:
+            acc, acc_up = _step_in_order(
+                acc, acc_up, a_ptr + a_rows[:, None] * stride_am, m_mask, b_e, s_e, z_e,
+                offs_n, n_mask, k0, k_end, K, N, k_words, stride_bn, stride_sn, GROUP,
+                INT4, HAS_ZP, GATED, BLOCK_N, BLOCK_K, CT, WORDS, ASM, SWAP_AB,
             )  # fmt: skip
-            acc = _dot(acc, a, w, SWAP_AB)
-            if GATED:
-                w_up = _load_weight_in_order(
-                    b_e, s_e, z_e, offs_n + N, n_mask, k0, K, k_words, stride_bn,
-                    stride_sn, GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, WORDS, ASM,
-                )  # fmt: skip
-                acc_up = _dot(acc_up, a, w_up, SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
         acc_up = tl.trans(acc_up)
+    _store_rows(
+        acc, acc_up, c_ptr, pairs, m_mask, offs_n, n_mask, topk_weights_ptr, bias_ptr,
+        e, pid_s, N, alpha, limit, stride_cs, stride_cm, stride_bias, GATED, ACT,
+        WEIGHT_ROWS, HAS_BIAS, PERM_OUT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _step_halves(
+    acc, acc_up, a_rows_ptr, m_mask, b_e, s_e, z_e, offs_n, n_mask, k0, k_end, K, N,
+    stride_bn, stride_sn, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
+    GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    CT: tl.constexpr, SWAP_AB: tl.constexpr,
+):  # fmt: skip
+    """One ``KPERM`` step: the low and high nibbles dotted as two halves.
+
+    ``a_rows_ptr``: ``[BLOCK_M, 1]`` pointers to the block's input rows, K-permuted in
+    chunks of ``BLOCK_K`` (``permute_k``): columns ``k0 .. k0 + BLOCK_K / 2`` meet the
+    low nibbles of the step, the next ``BLOCK_K / 2`` its high nibbles.
+    """
+    HALF: tl.constexpr = BLOCK_K // 2
+    offs_h = tl.arange(0, HALF)
+    a_mask = m_mask[:, None] & ((k0 // 2 + offs_h)[None, :] < k_end // 2)
+    a_lo_ptrs = a_rows_ptr + (k0 + offs_h)[None, :]
+    a_lo = tl.load(a_lo_ptrs, mask=a_mask, other=0).to(CT)
+    a_hi = tl.load(a_lo_ptrs + HALF, mask=a_mask, other=0).to(CT)
+    w_lo, w_hi = _load_weight_halves(
+        b_e, s_e, z_e, offs_n, n_mask, k0, K, stride_bn, stride_sn,
+        GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+    )  # fmt: skip
+    acc = _dot(acc, a_lo, w_lo, SWAP_AB)
+    acc = _dot(acc, a_hi, w_hi, SWAP_AB)
+    if GATED:
+        u_lo, u_hi = _load_weight_halves(
+            b_e, s_e, z_e, offs_n + N, n_mask, k0, K, stride_bn, stride_sn,
+            GROUP, HAS_ZP, BLOCK_N, BLOCK_K, CT,
+        )  # fmt: skip
+        acc_up = _dot(acc_up, a_lo, u_lo, SWAP_AB)
+        acc_up = _dot(acc_up, a_hi, u_hi, SWAP_AB)
+    return acc, acc_up
+
+
+@triton.jit
+def _step_in_order(
+    acc, acc_up, a_rows_ptr, m_mask, b_e, s_e, z_e, offs_n, n_mask, k0, k_end, K, N,
+    k_words, stride_bn, stride_sn, GROUP: tl.constexpr, INT4: tl.constexpr,
+    HAS_ZP: tl.constexpr, GATED: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, CT: tl.constexpr, WORDS: tl.constexpr, ASM: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+):  # fmt: skip
+    """One step with K in order: bytes, int32 words, or 16-bit weights.
+
+    ``a_rows_ptr``: ``[BLOCK_M, 1]`` pointers to the block's input rows.
+    """
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    a_mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+    a = tl.load(a_rows_ptr + offs_k[None, :], mask=a_mask, other=0).to(CT)
+    w = _load_weight_in_order(
+        b_e, s_e, z_e, offs_n, n_mask, k0, K, k_words, stride_bn, stride_sn,
+        GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, WORDS, ASM,
+    )  # fmt: skip
+    acc = _dot(acc, a, w, SWAP_AB)
+    if GATED:
+        w_up = _load_weight_in_order(
+            b_e, s_e, z_e, offs_n + N, n_mask, k0, K, k_words, stride_bn,
+            stride_sn, GROUP, INT4, HAS_ZP, BLOCK_N, BLOCK_K, CT, WORDS, ASM,
+        )  # fmt: skip
+        acc_up = _dot(acc_up, a, w_up, SWAP_AB)
+    return acc, acc_up
+
+
+@triton.jit
+def _store_rows(
+    acc, acc_up, c_ptr, pairs, m_mask, offs_n, n_mask, topk_weights_ptr, bias_ptr, e,
+    pid_s, N, alpha, limit, stride_cs, stride_cm, stride_bias, GATED: tl.constexpr,
+    ACT: tl.constexpr, WEIGHT_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PERM_OUT: tl.constexpr,
+):  # fmt: skip
+    """The epilogue on ``acc[m, n]`` of expert ``e``, K split ``pid_s``.
+
+    Router weights, the bias (the first K split only), the activation, and the store
+    at each pair's row (columns K-permuted in chunks of ``PERM_OUT`` for a ``KPERM``
+    GEMM that reads them next).
+    """
     if WEIGHT_ROWS:
         rw = tl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
         acc = acc * rw[:, None]

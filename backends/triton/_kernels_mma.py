@@ -182,20 +182,16 @@ def _moe_gemm_mma_kernel(
     x_base = None
     x_cmask = None
     x_col = None
-    if X_SHARED:  # the activation's copy addresses, (sub-step, token, position)
-        XC: gl.constexpr = _input_copy_layout(WARPS)
-        offs_q = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, XC))
-        offs_p = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, XC)), 0)
-        m_q = offs_q % BLOCK_M
-        x_col = (
-            32 * (offs_p // 8) + 8 * gl.expand_dims(offs_q // BLOCK_M, 1) + offs_p % 8
+    if X_SHARED:
+        x_base, x_cmask, x_col = _input_copies(
+            a_ptr,
+            sorted_ptr + pid_b * BLOCK_M,
+            n_rows,
+            stride_am,
+            A_DIV,
+            BLOCK_M,
+            WARPS,
         )
-        pairs_c = gl.load(
-            sorted_ptr + pid_b * BLOCK_M + m_q, mask=m_q < n_rows, other=0
-        )
-        rows_q = gl.expand_dims((pairs_c // A_DIV).to(gl.int64) * stride_am, 1)
-        x_base = a_ptr + rows_q + x_col  # [4 BLOCK_M, 32]; the copies add k0
-        x_cmask = gl.expand_dims(m_q < n_rows, 1)
     if RING:
         SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         SLOTS: gl.constexpr = STAGES * COPY_STEPS
@@ -311,10 +307,53 @@ def _moe_gemm_mma_kernel(
 
     if PDL:
         _grid_next()
-    # epilogue, in the accumulator's layout: acc[n, m]
+    _store_tile(
+        acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
+        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        stride_bias, BLOCK_M, C_COLS, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _input_copies(
+    a_ptr,
+    block_pairs_ptr,
+    n_rows,
+    stride_am,
+    A_DIV: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    WARPS: gl.constexpr,
+):
+    """``X_SHARED``: the addresses of a row block's activation copies.
+
+    ``(x_base, x_mask, x_col)``: ``[4 BLOCK_M, 32]`` in ``_input_copy_layout`` (sub-step,
+    token; position), without the step's column ``k0``, which ``_copy_input`` adds.
+    """
+    XC: gl.constexpr = _input_copy_layout(WARPS)
+    offs_q = gl.arange(0, 4 * BLOCK_M, layout=gl.SliceLayout(1, XC))
+    offs_p = gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, XC)), 0)
+    m_q = offs_q % BLOCK_M
+    x_col = 32 * (offs_p // 8) + 8 * gl.expand_dims(offs_q // BLOCK_M, 1) + offs_p % 8
+    pairs_c = gl.load(block_pairs_ptr + m_q, mask=m_q < n_rows, other=0)
+    rows_q = gl.expand_dims((pairs_c // A_DIV).to(gl.int64) * stride_am, 1)
+    return a_ptr + rows_q + x_col, gl.expand_dims(m_q < n_rows, 1), x_col
+
+
+@gluon.jit
+def _store_tile(
+    acc, acc_up, c_ptr, block_pairs_ptr, topk_weights_ptr, bias_ptr, e, pid_s, n_rows,
+    offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm, stride_bias,
+    BLOCK_M: gl.constexpr, C_COLS: gl.constexpr, GATED: gl.constexpr,
+    ACT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, HAS_BIAS: gl.constexpr,
+):  # fmt: skip
+    """The epilogue of expert ``e``, K split ``pid_s``, in the accumulator's layout.
+
+    On ``acc[n, m]``: router weights of the input rows, the bias (the first K split
+    only), the activation, and the store at each pair's row.
+    """
     offs_mc = gl.arange(0, BLOCK_M, layout=C_COLS)
     m_mask = offs_mc < n_rows
-    pairs = gl.load(sorted_ptr + pid_b * BLOCK_M + offs_mc, mask=m_mask, other=0)
+    pairs = gl.load(block_pairs_ptr + offs_mc, mask=m_mask, other=0)
     if WEIGHT_ROWS:
         rw = gl.load(topk_weights_ptr + pairs, mask=m_mask, other=0.0)
         acc = acc * gl.expand_dims(rw, 0)
