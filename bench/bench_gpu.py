@@ -11,6 +11,7 @@ Shape legend: ``T`` tokens (M), ``D`` hidden, ``F`` intermediate, ``E`` experts,
 # each lambda is timed inside the loop iteration that defines it.
 
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -53,21 +54,26 @@ GEMV_LOOP_VARIANTS: dict[str, dict[str, object]] = {
 """Loop variants of the decode GEMV (``GEMV_VARIANT`` picks one; sweep_tiles.py times them)."""
 GROUP = 128
 HERE = Path(__file__).resolve().parent
-FLUSH = torch.empty(512 * 1024**2, dtype=torch.uint8, device="cuda")  # > 60 MB L2
 FLUSH_MODE = os.environ.get("BENCH_FLUSH", "read")
 """How ``flush_l2`` evicts L2 before each timed replay: ``read`` (the default since
 2026-12-04) or ``write`` (before)."""
 
 
+@functools.cache
+def flush_buffer() -> torch.Tensor:
+    """512 MB on the GPU (its L2 holds about 60), allocated on first use."""
+    return torch.empty(512 * 1024**2, dtype=torch.uint8, device="cuda")
+
+
 def flush_l2() -> None:
-    """Evict L2 before a timed replay: zero ``FLUSH``, or sum it (``FLUSH_MODE``).
+    """Evict L2 before a timed replay: zero ``flush_buffer()``, or sum it (``FLUSH_MODE``).
 
     ``read`` leaves L2 holding clean lines, nothing to write back.
     """
     if FLUSH_MODE == "read":
-        FLUSH.view(torch.int32).sum()
+        flush_buffer().view(torch.int32).sum()
     else:
-        FLUSH.zero_()
+        flush_buffer().zero_()
 
 
 def copy_bandwidth() -> float:

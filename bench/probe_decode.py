@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
-    FLUSH,
     GROUP,
     MODELS,
+    flush_buffer,
     int4_layer,
     rel_err,
     route,
@@ -51,7 +51,7 @@ def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
     """Median microseconds per kernel name over REPS forwards (flush kernels dropped)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPS):
-            FLUSH.zero_()
+            flush_buffer().zero_()
             fn()
         torch.cuda.synchronize()
     per: dict[str, list[float]] = defaultdict(list)
