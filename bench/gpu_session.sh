@@ -6,7 +6,9 @@
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
 # pass "bench" or "tests" to run one half per call ("bench-both": the benchmark first with
 # L2 flushed by a write, BENCH_FLUSH=write, its log and results.json kept aside in $OUT,
-# then as "bench").
+# then as "bench"). "probes": the prepared probe_mma.py sets instead (PROBE_SET 13: the table
+# with PDL as set and flipped; 14: 64-column tiles with the input through the ring, for
+# Mixtral M = 64; 15: odd K splits, for Mixtral M = 4), logs in $OUT/probe_mma_set*.log.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -17,6 +19,18 @@ if [ "$mode" = "bench-both" ]; then  # first with L2 flushed by a write, kept as
   cp bench/results.json "$out/results_flush_write.json"
   tail -1 "$out/bench_flush_write.log"
   mode=bench
+fi
+if [ "$mode" = "probes" ]; then
+  probe() {  # set, sizes, log seconds, models
+    local set=$1 sizes=$2 limit=$3; shift 3
+    PROBE_SET=$set PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+      > "$out/probe_mma_set$set.log" 2>&1 || status=1
+    tail -4 "$out/probe_mma_set$set.log"
+  }
+  probe 13 4,16,64 240
+  probe 14 32,64 150 mixtral-8x7b qwen3-235b-a22b
+  probe 15 2,4,8 150 mixtral-8x7b qwen3-235b-a22b
+  exit $status
 fi
 if [ "$mode" != "tests" ]; then
   timeout 540 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
