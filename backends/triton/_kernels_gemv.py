@@ -89,6 +89,8 @@ def _moe_gemv_kernel(
     acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
     up_rows = (offs_n + N).to(tl.int64)[:, None]
     offs_j0 = tl.arange(0, BLOCK_K // 2)
+    nxt = 0  # the next step's bytes (PREFETCH only)
+    nxt_up = 0
     if PREFETCH:  # the next step's bytes are loaded before this step's math
         first_j = k_lo // 2 + offs_j0
         first_mask = n_mask[:, None] & (first_j[None, :] < k_hi // 2)
@@ -103,33 +105,13 @@ def _moe_gemv_kernel(
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         offs_j = k0 // 2 + offs_j0
         j_mask = offs_j < k_hi // 2
-        x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
-        x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
-        x_even3 = tl.reshape(x_even, (NG, GK))
-        x_odd3 = tl.reshape(x_odd, (NG, GK))
-        x_sum = tl.sum(x_even3 + x_odd3, axis=1)
+        x_even3, x_odd3, x_sum = _step_inputs(x_ptr, offs_j, j_mask, NG, GK)
         offs_g = k0 // GROUP + tl.arange(0, NG)
         g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
-        w_mask = n_mask[:, None] & j_mask[None, :]
-        if PREFETCH:
-            packed = nxt
-            packed_up = nxt_up
-            offs_n2 = offs_j + BLOCK_K // 2
-            m2 = n_mask[:, None] & (offs_n2[None, :] < k_hi // 2)
-            nxt = tl.load(b_e + rows * stride_bn + offs_n2[None, :], mask=m2, other=0)
-            if GATED:
-                nxt_up = tl.load(
-                    b_e + up_rows * stride_bn + offs_n2[None, :], mask=m2, other=0
-                )
-        else:
-            packed = tl.load(
-                b_e + rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
-            )
-            packed_up = packed
-            if GATED:
-                packed_up = tl.load(
-                    b_e + up_rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
-                )
+        packed, packed_up, nxt, nxt_up = _step_bytes(
+            b_e, rows, up_rows, offs_j, j_mask, n_mask, k_hi, nxt, nxt_up, stride_bn,
+            GATED, PREFETCH, BLOCK_K,
+        )  # fmt: skip
         acc += _gemv_step(
             packed, x_even3, x_odd3, x_sum, s_e, z_e,
             rows * stride_sn + offs_g[None, :], g_mask, HAS_ZP, BLOCK_N, NG, GK,
@@ -144,6 +126,47 @@ def _moe_gemv_kernel(
         N, alpha, limit, stride_cs, stride_cm, stride_bias,
         GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
     )  # fmt: skip
+
+
+@triton.jit
+def _step_inputs(x_ptr, offs_j, j_mask, NG: tl.constexpr, GK: tl.constexpr):
+    """A step's input: even and odd columns as ``[NG, GK]`` float32, and group sums."""
+    x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
+    x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
+    x_even3 = tl.reshape(x_even, (NG, GK))
+    x_odd3 = tl.reshape(x_odd, (NG, GK))
+    return x_even3, x_odd3, tl.sum(x_even3 + x_odd3, axis=1)
+
+
+@triton.jit
+def _step_bytes(
+    b_e, rows, up_rows, offs_j, j_mask, n_mask, k_hi, nxt, nxt_up, stride_bn,
+    GATED: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """A step's packed bytes ``[BLOCK_N, BLOCK_K / 2]`` (gated: and its up rows').
+
+    Loaded here, or with ``PREFETCH`` the ones loaded a step ago (``nxt``, ``nxt_up``),
+    the next step's then loaded in their place. Returns the step's bytes and the next.
+    """
+    if PREFETCH:
+        packed = nxt
+        packed_up = nxt_up
+        offs_n2 = offs_j + BLOCK_K // 2
+        m2 = n_mask[:, None] & (offs_n2[None, :] < k_hi // 2)
+        nxt = tl.load(b_e + rows * stride_bn + offs_n2[None, :], mask=m2, other=0)
+        if GATED:
+            nxt_up = tl.load(
+                b_e + up_rows * stride_bn + offs_n2[None, :], mask=m2, other=0
+            )
+    else:
+        w_mask = n_mask[:, None] & j_mask[None, :]
+        packed = tl.load(b_e + rows * stride_bn + offs_j[None, :], mask=w_mask, other=0)
+        packed_up = packed
+        if GATED:
+            packed_up = tl.load(
+                b_e + up_rows * stride_bn + offs_j[None, :], mask=w_mask, other=0
+            )
+    return packed, packed_up, nxt, nxt_up
 
 
 @triton.jit
