@@ -1,12 +1,17 @@
 """Typed host wrappers of the Triton kernels: one function per kernel launch.
 
-May import core; triton only inside functions. ``_fused.py`` composes these into the
-layer. Shape legend: ``T`` tokens, ``D`` hidden, ``F`` intermediate, ``E`` experts,
-``K`` top_k, ``N`` = T*K routed pairs, ``S`` K-splits of the w2 GEMM.
+The grouped GEMMs, the activation of split partials, the top-k sum and the
+dequantization here, the decode GEMVs in ``_launch_gemv.py``; and what both ask of the
+device and the weights. May import core; triton only inside functions. ``_fused.py``
+composes these into the layer. Shape legend: ``T`` tokens, ``D`` hidden, ``F``
+intermediate, ``E`` experts, ``K`` top_k, ``N`` = T*K routed pairs, ``S`` K-splits of
+the w2 GEMM.
 """
 
 import functools
 import os
+from collections.abc import Mapping
+from typing import Final
 
 import attrs
 import torch
@@ -17,7 +22,13 @@ from backends.triton._tiles import GemmTiles
 from core.config import MoEConfig
 from core.routing import Routing
 
-ACTIVATION_CODE = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swigluoai": 3}
+ACTIVATION_CODE: Final[Mapping[str, int]] = {
+    "silu": 0,
+    "gelu": 1,
+    "gelu_tanh": 2,
+    "swigluoai": 3,
+}
+"""The kernels' ``ACT`` code of each ``MoEConfig.activation`` (``_kernels._activate``)."""
 
 
 @attrs.frozen(kw_only=True, eq=False)
