@@ -1,8 +1,10 @@
 """Tile configurations of the fused-MoE kernels, per shape class, and the path rules.
 
-The tile objects are in ``_tiles.py``; this module imports only stdlib, attrs and it. Measured on one NVIDIA H200 (torch 2.11, triton 3.6,
-2026-12-02) with ``bench/sweep_tiles.py``; bench/TUNING.md has the numbers and
-bench/sweeps/ the raw logs. ``INTERPRETER`` keeps CPU tests small and fast.
+Measured on one NVIDIA H200 (torch 2.11, triton 3.6, from 2026-12-02) with
+``bench/sweep_tiles.py`` and the probes beside it; bench/TUNING.md has the numbers and
+bench/sweeps/ the raw logs. The int4 decode row on the Gluon kernel is in
+``_configs_mma.py``, the tile objects in ``_tiles.py``; this module imports only stdlib,
+attrs and those two. ``INTERPRETER`` keeps CPU tests small and fast.
 """
 
 import functools
