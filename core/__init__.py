@@ -30,7 +30,10 @@ from core.quantize import (
     quantize_expert_weights as quantize_expert_weights,
     quantize_tensor as quantize_tensor,
 )
-from core.reference import moe_forward_reference as moe_forward_reference
+from core.reference import (
+    moe_backward_reference as moe_backward_reference,
+    moe_forward_reference as moe_forward_reference,
+)
 from core.routing import (
     Routing as Routing,
     count_tokens_per_expert as count_tokens_per_expert,

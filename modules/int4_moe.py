@@ -31,6 +31,7 @@ from core.validate import (
     check_shape,
 )
 from core.weights import QuantizedExpertWeights
+from modules.backward import run_experts
 from modules.buffers import (
     canonical_buffer_specs,
     check_expert_map,
@@ -380,7 +381,9 @@ class Int4MoE(nn.Module):
             ``(..., D)`` in the dtype of ``hidden_states``.
 
         One prepared form is cached, for the last input device and dtype: calls that
-        alternate dtypes prepare again each time. Under ``torch.compile`` the layer
+        alternate dtypes prepare again each time. Where autograd asks for them, the
+        input and the router weights get gradients (``modules/backward.py``; the int4
+        experts are frozen buffers). Under ``torch.compile`` the layer
         runs eagerly behind a graph break (so ``fullgraph=True`` cannot include it).
         """
         if torch.compiler.is_compiling():
@@ -417,7 +420,8 @@ class Int4MoE(nn.Module):
         if hidden_TD.shape[0] == 0:
             return torch.empty_like(hidden_states)
         backend, prepared = self._ready(hidden_TD.dtype)
-        return backend.apply(hidden_TD, prepared, routing).reshape(hidden_states.shape)
+        out_TD = run_experts(backend, prepared, hidden_TD, routing)
+        return out_TD.reshape(hidden_states.shape)
 
     def _check_device(self, hidden_states: torch.Tensor) -> None:
         device = self._buffer("w13_qdata").device

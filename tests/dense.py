@@ -62,6 +62,9 @@ def dense_moe_f64(
 ) -> torch.Tensor:
     """Every token through every expert in float64, then masked by the routing.
 
+    Differentiable in ``x`` and ``topk_weights`` (torch autograd): the independent
+    reference of the layer's gradients too.
+
     Args:
         x: ``(T, D)``; w13 ``(E, 2F, D)``; w2 ``(E, D, F)``, all converted to float64.
         topk_weights, topk_ids: ``(T, K)``; ids of ``-1`` contribute nothing.
@@ -70,12 +73,11 @@ def dense_moe_f64(
     x64 = x.double()
     f = w13.shape[1] // 2
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
-    combine = torch.zeros(x.shape[0], w13.shape[0], dtype=torch.float64)
-    for k in range(topk_ids.shape[1]):
-        for t in range(topk_ids.shape[0]):
-            e = int(topk_ids[t, k])
-            if e >= 0:
-                combine[t, e] += float(topk_weights[t, k])
+    # combine[t, e]: token t's router weight on expert e (differentiable in the weights)
+    valid = topk_ids >= 0
+    combine = torch.zeros(x.shape[0], w13.shape[0], dtype=torch.float64).scatter_add(
+        1, topk_ids.long().clamp(min=0), topk_weights.double() * valid
+    )
     for e in range(w13.shape[0]):
         if not bool((combine[:, e] != 0).any()):
             continue

@@ -8,7 +8,7 @@ import torch
 
 from core.config import Activation, MoEConfig
 from core.quantize import quantize_expert_weights
-from core.reference import moe_forward_reference
+from core.reference import moe_backward_reference, moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, INT4_SYM_G128, Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -223,3 +223,70 @@ def test_reference_expert_biases(generator: torch.Generator) -> None:
         x, attrs.evolve(weights, w13_bias=None, w2_bias=None), routing, config
     )
     assert rel_l2(expected, no_bias) > 0.05  # the biases matter in this case
+
+
+GRAD_CASES = {
+    "silu": {},
+    "swigluoai-biases": {
+        "activation": "swigluoai", "swiglu_limit": 1.0, "expert_bias": True,
+    },
+    "gelu_tanh-weight-on-input": {"top_k": 1, "apply_router_weight_on_input": True},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("options", GRAD_CASES.values(), ids=GRAD_CASES.keys())
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_backward_reference_matches_dense_float64_autograd(
+    options: dict[str, Any], scheme: Int4Scheme, generator: torch.Generator
+) -> None:
+    """Gradients for the input and the router weights equal torch autograd through the
+    independent float64 dense MoE; ids of -1 get none and give none."""
+    base = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
+    config = attrs.evolve(base, **options)
+    weights = _weights(8, 32, 64, scheme, generator, torch.float32)
+    if config.expert_bias:
+        weights = attrs.evolve(
+            weights,
+            w13_bias=torch.randn(8, 64, generator=generator),
+            w2_bias=torch.randn(8, 64, generator=generator),
+        )
+    x = torch.randn(7, 64, generator=generator)
+    routing = route_topk(torch.randn(7, 8, generator=generator), config)
+    ids = routing.topk_ids.clone()
+    ids[2, 0] = -1  # a pair routed to an expert held elsewhere
+    routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+    grad = torch.randn(7, 64, generator=generator)
+    grad_x, grad_w = moe_backward_reference(x, weights, routing, config, grad)
+    assert grad_x.dtype == x.dtype
+    assert grad_w.dtype == routing.topk_weights.dtype
+    x64 = x.double().requires_grad_()
+    w64 = routing.topk_weights.double().requires_grad_()
+    w13, w2 = _dense(weights)
+    out = dense_moe_f64(
+        x64, w13, w2, w64, ids, config, w13_bias=weights.w13_bias,
+        w2_bias=weights.w2_bias,
+    )  # fmt: skip
+    expected_x, expected_w = torch.autograd.grad(out, (x64, w64), grad.double())
+    assert rel_l2(expected_x, grad_x) < REL_L2_VS_ORACLE[torch.float32]
+    assert rel_l2(expected_w, grad_w) < REL_L2_VS_ORACLE[torch.float32]
+    assert float(grad_w[2, 0]) == 0.0
+    assert float(grad_x.norm()) > 0
+    assert float(grad_w.norm()) > 0
+
+
+def test_backward_reference_leaves_its_inputs_alone(generator: torch.Generator) -> None:
+    """Pure: no gradient recorded on the inputs, none of them changed."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.bfloat16)
+    x = torch.randn(3, 64, generator=generator).to(torch.bfloat16).requires_grad_()
+    routing = route_topk(torch.randn(3, 4, generator=generator), config)
+    before = (x.detach().clone(), routing.topk_weights.clone())
+    grad_x, grad_w = moe_backward_reference(
+        x, weights, routing, config, torch.ones(3, 64, dtype=torch.bfloat16)
+    )
+    assert x.grad is None
+    assert grad_x.dtype == torch.bfloat16
+    assert not grad_x.requires_grad
+    assert not grad_w.requires_grad
+    torch.testing.assert_close(x.detach(), before[0], rtol=0, atol=0)
+    torch.testing.assert_close(routing.topk_weights, before[1], rtol=0, atol=0)

@@ -9,6 +9,7 @@ from core.routing import route_topk
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G128, Int4Scheme
 from modules import Int4MoE
 from modules.__main__ import main
+from tests.modules.backward_cases import check_gradients
 from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
 
 pytestmark = pytest.mark.cuda
@@ -61,3 +62,19 @@ def test_demo_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     )
     out = capsys.readouterr().out
     assert "backend triton-w4a16" in out
+
+
+@pytest.mark.parametrize(
+    ("backend", "dtype"),
+    [
+        ("triton-w4a16", torch.bfloat16),
+        ("triton-w4a16", torch.float16),
+        ("triton-emulation", torch.bfloat16),
+    ],
+    ids=str,
+)
+def test_gradients_on_cuda_match_dense_float64(
+    backend: str, dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    """The fused kernels' forward with the reference backward (modules/backward.py)."""
+    check_gradients(backend, dtype, "cuda", generator)

@@ -1,0 +1,78 @@
+"""The layer's backward pass: gradients for the input and the router weights.
+
+The int4 expert weights are constants (buffers); what trains through the layer is the
+input (adapters, layers before it) and the router (its logits reach the routed weights).
+The fused kernels compute forward only, so ``run_experts`` wraps them in an autograd
+function whose backward is ``core.moe_backward_reference``: the float32 gradient of the
+reference math on the same int4 weights, one dequantized expert at a time. Shape
+legend: ``T`` tokens, ``D`` hidden, ``K`` top_k.
+"""
+
+from typing import Any
+
+import torch
+
+from backends.base import MoEBackend, PreparedExperts
+from core.config import MoEConfig
+from core.reference import moe_backward_reference
+from core.routing import Routing
+from core.weights import QuantizedExpertWeights
+
+
+def run_experts(
+    backend: MoEBackend,
+    prepared: PreparedExperts,
+    hidden_TD: torch.Tensor,
+    routing: Routing,
+) -> torch.Tensor:
+    """``backend.apply``, differentiable where autograd asks for a gradient.
+
+    Where grad mode is on and ``hidden_TD`` or ``routing.topk_weights`` requires a
+    gradient, the output carries ``_ExpertsFunction``'s backward; the ``reference``
+    backend is differentiable as it is and runs plainly. Elsewhere (inference, no
+    grad mode) this is ``backend.apply`` alone.
+    """
+    wants_grad = hidden_TD.requires_grad or routing.topk_weights.requires_grad
+    if not (torch.is_grad_enabled() and wants_grad) or backend.name == "reference":
+        return backend.apply(hidden_TD, prepared, routing)
+    out: torch.Tensor = _ExpertsFunction.apply(  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
+        hidden_TD, routing.topk_weights, routing.topk_ids, backend, prepared
+    )
+    return out
+
+
+class _ExpertsFunction(torch.autograd.Function):
+    """Forward: the backend's kernels. Backward: ``moe_backward_reference``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden_TD: torch.Tensor,
+        topk_weights_TK: torch.Tensor,
+        topk_ids_TK: torch.Tensor,
+        backend: MoEBackend,
+        prepared: PreparedExperts,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(hidden_TD, topk_weights_TK, topk_ids_TK)
+        ctx.weights = prepared.weights  # canonical int4, shared with the module
+        ctx.config = prepared.config
+        routing = Routing(topk_weights=topk_weights_TK, topk_ids=topk_ids_TK)
+        return backend.apply(hidden_TD, prepared, routing)
+
+    @staticmethod
+    def backward(ctx: Any, grad_TD: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden_TD, topk_weights_TK, topk_ids_TK = ctx.saved_tensors
+        weights: QuantizedExpertWeights = ctx.weights
+        config: MoEConfig = ctx.config
+        routing = Routing(topk_weights=topk_weights_TK, topk_ids=topk_ids_TK)
+        grad_x_TD, grad_w_TK = moe_backward_reference(
+            hidden_TD, weights, routing, config, grad_TD
+        )
+        need_x, need_w = ctx.needs_input_grad[:2]
+        return (
+            grad_x_TD if need_x else None,
+            grad_w_TK if need_w else None,
+            None,
+            None,
+            None,
+        )
