@@ -32,13 +32,19 @@ def run_experts(
     backend is differentiable as it is and runs plainly. Elsewhere (inference, no
     grad mode) this is ``backend.apply`` alone.
     """
-    wants_grad = hidden_TD.requires_grad or routing.topk_weights.requires_grad
-    if not (torch.is_grad_enabled() and wants_grad) or backend.name == "reference":
+    if not wants_grad(hidden_TD, routing.topk_weights) or backend.name == "reference":
         return backend.apply(hidden_TD, prepared, routing)
     out: torch.Tensor = _ExpertsFunction.apply(  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
         hidden_TD, routing.topk_weights, routing.topk_ids, backend, prepared
     )
     return out
+
+
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd would record the layer: grad mode on, an input requiring it."""
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in tensors
+    )
 
 
 class _ExpertsFunction(torch.autograd.Function):

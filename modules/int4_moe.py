@@ -31,7 +31,7 @@ from core.validate import (
     check_shape,
 )
 from core.weights import QuantizedExpertWeights
-from modules.backward import run_experts
+from modules.backward import run_experts, wants_grad
 from modules.buffers import (
     canonical_buffer_specs,
     check_expert_map,
@@ -39,6 +39,7 @@ from modules.buffers import (
     expert_map_size,
     local_experts,
 )
+from modules.custom_op import forward_op, register_layer
 from modules.prepared import PreparedCache
 
 
@@ -93,6 +94,7 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
+        self._layer_number = register_layer(self)  # names it in compiled graphs
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
             config, scheme, local, dtype
@@ -353,11 +355,15 @@ class Int4MoE(nn.Module):
         self._prepared = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # The prepared form is machine specific (packed for this CPU or GPU) and
-        # derived: pickles and deep copies leave it out and prepare again.
+        # Machine-specific and derived: pickles and copies prepare again.
         state = dict(self.__dict__)
         state["_prepared"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled and deep-copied layers get their own number (``custom_op.py``)."""
+        super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        self._layer_number = register_layer(self)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -381,28 +387,34 @@ class Int4MoE(nn.Module):
             ``(..., D)`` in the dtype of ``hidden_states``.
 
         One prepared form is cached, for the last input device and dtype: calls that
-        alternate dtypes prepare again each time. Where autograd asks for them, the
-        input and the router weights get gradients (``modules/backward.py``; the int4
-        experts are frozen buffers). Under ``torch.compile`` the layer
-        runs eagerly behind a graph break (so ``fullgraph=True`` cannot include it).
+        alternate dtypes prepare again each time. The input and the router weights get
+        gradients where autograd asks (``modules/backward.py``; the experts are frozen).
+        Under ``torch.compile`` an inference graph holds the layer as one custom op
+        (``modules/custom_op.py``); where a gradient is wanted it runs behind a break.
         """
         if torch.compiler.is_compiling():
-            # Dynamo cannot trace the frozen attrs Routing (nor every backend's
-            # kernels): the layer runs eagerly behind a graph break. Made here, not at
-            # import, because ``disable`` imports Dynamo, which takes seconds.
+            # Dynamo cannot trace the attrs Routing nor every backend's kernels.
+            if not wants_grad(hidden_states, router_logits, topk_weights):
+                out: torch.Tensor = forward_op(
+                    hidden_states, router_logits, topk_weights, topk_ids,
+                    self._layer_number,
+                )  # fmt: skip
+                return out
+            # Made here, not at import: ``disable`` imports Dynamo (seconds).
             eager: Callable[..., torch.Tensor] = torch.compiler.disable(  # type: ignore[no-untyped-call]  # torch leaves disable unannotated
-                Int4MoE._forward
+                Int4MoE.forward_eager
             )
             return eager(self, hidden_states, router_logits, topk_weights, topk_ids)
-        return self._forward(hidden_states, router_logits, topk_weights, topk_ids)
+        return self.forward_eager(hidden_states, router_logits, topk_weights, topk_ids)
 
-    def _forward(
+    def forward_eager(
         self,
         hidden_states: torch.Tensor,
         router_logits: torch.Tensor | None,
         topk_weights: torch.Tensor | None,
         topk_ids: torch.Tensor | None,
     ) -> torch.Tensor:
+        """``forward`` outside ``torch.compile`` (the custom op's body there)."""
         check_hidden_states(hidden_states, self.config)
         self._check_device(hidden_states)
         hidden_TD = hidden_states.reshape(-1, self.config.hidden_size)

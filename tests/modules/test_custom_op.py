@@ -1,0 +1,109 @@
+"""``torch.compile`` with the layer inside (``modules/custom_op.py``): an inference
+graph holds it as one custom op, no break; training keeps a break and its backward."""
+
+import copy
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+from core.config import MoEConfig
+from modules import Int4MoE
+from modules.custom_op import forward_op
+from tests.tolerances import EXACT
+
+CFG = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
+
+
+def _layer(generator: torch.Generator) -> Int4MoE:
+    e, d, f = CFG.num_experts, CFG.hidden_size, CFG.intermediate_size
+    return Int4MoE.from_float(
+        w13_weight=torch.randn(e, 2 * f, d, generator=generator) / d**0.5,
+        w2_weight=torch.randn(e, d, f, generator=generator) / f**0.5,
+        config=CFG,
+        gate_weight=torch.randn(e, d, generator=generator),
+        dtype=torch.float32,
+    )
+
+
+def _graph_targets(model: nn.Module, x: torch.Tensor) -> list[str]:
+    """The call targets of the one graph Dynamo makes of ``model(x)`` (fullgraph)."""
+    targets: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        del inputs
+        targets.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, fullgraph=True, backend=backend)(x)
+    return targets
+
+
+def test_inference_graph_holds_the_layer_as_one_op(generator: torch.Generator) -> None:
+    model = nn.Sequential(nn.Linear(64, 64), _layer(generator), nn.Linear(64, 64))
+    x = torch.randn(2, 5, 64, generator=generator)
+    with torch.no_grad():
+        targets = _graph_targets(model, x)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+        torch.testing.assert_close(compiled, model(x), **EXACT)
+    assert sum("int4_moe.forward" in t for t in targets) == 1
+
+
+def test_each_layer_and_each_copy_runs_its_own_weights(
+    generator: torch.Generator,
+) -> None:
+    """Layers are named by number in the graph; a deep copy gets a number of its own."""
+    first = _layer(generator)
+    second = copy.deepcopy(first)
+    assert second._layer_number != first._layer_number
+    with torch.no_grad():
+        second.get_buffer("w2_scale").mul_(2.0)  # in place: the copy computes 2x
+    second.invalidate_prepared()
+    model = nn.Sequential(first, second)
+    x = torch.randn(3, 64, generator=generator)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+        torch.testing.assert_close(compiled, model(x), **EXACT)
+        torch.testing.assert_close(second(x), 2 * first(x), rtol=1e-5, atol=1e-6)
+
+
+# Dynamo itself reads .grad of the non-leaf input while tracing ``requires_grad``
+# (torch 2.13), which warns; the suite turns warnings into errors.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_training_keeps_a_graph_break_and_the_backward(
+    generator: torch.Generator,
+) -> None:
+    moe = _layer(generator)
+    model = nn.Sequential(nn.Linear(64, 64), moe)
+    x = torch.randn(4, 64, generator=generator)
+    torch.autograd.backward(model(x).sum())
+    expected = [p.grad.clone() for p in model[0].parameters() if p.grad is not None]
+    model.zero_grad()
+    torch._dynamo.reset()
+    torch.autograd.backward(torch.compile(model, backend="aot_eager")(x).sum())
+    got = [p.grad for p in model[0].parameters() if p.grad is not None]
+    assert len(got) == len(expected) == 2
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_op_passes_torch_opcheck(generator: torch.Generator) -> None:
+    """Schema, fake implementation and dispatch agree (``torch.library.opcheck``)."""
+    moe = _layer(generator)
+    x = torch.randn(3, 64, generator=generator)
+    logits = torch.randn(3, 8, generator=generator)
+    torch.library.opcheck(forward_op, (x, logits, None, None, moe._layer_number))
+
+
+def test_a_graph_that_outlives_its_layer_says_so(generator: torch.Generator) -> None:
+    moe = _layer(generator)
+    number = moe._layer_number
+    x = torch.randn(2, 64, generator=generator)
+    del moe
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"layer {number} no longer exists"):
+        forward_op(x, None, None, None, number)
