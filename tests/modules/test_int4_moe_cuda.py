@@ -78,3 +78,20 @@ def test_gradients_on_cuda_match_dense_float64(
 ) -> None:
     """The fused kernels' forward with the reference backward (modules/backward.py)."""
     check_gradients(backend, dtype, "cuda", generator)
+
+
+def test_compiled_with_cuda_graphs_matches_eager(generator: torch.Generator) -> None:
+    """torch.compile's CUDA-graph mode captures the layer's op (modules/custom_op.py)."""
+    moe = Int4MoE.from_float(
+        w13_weight=torch.randn(16, 1024, 256, generator=generator) * 0.05,
+        w2_weight=torch.randn(16, 256, 512, generator=generator) * 0.05,
+        config=CFG,
+        gate_weight=torch.randn(16, 256, generator=generator),
+        dtype=torch.bfloat16,
+    ).cuda()
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(moe, mode="reduce-overhead", fullgraph=True)
+        for tokens in (4, 4, 4, 7):  # warm-up, record, replay; then another shape
+            x = torch.randn(tokens, 256, generator=generator).to(torch.bfloat16).cuda()
+            torch.testing.assert_close(compiled(x).clone(), moe(x), rtol=0, atol=0)
