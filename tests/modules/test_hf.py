@@ -362,3 +362,30 @@ def test_models_without_support_are_refused_by_name() -> None:
         ConfigError, match="model_type 'llama4_text' is not supported: Llama-4 stores"
     ):
         replace_moe_blocks(llama4)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_training_gradients_match_the_float_model(
+    name: str, generator: torch.Generator
+) -> None:
+    """Fine-tuning through replaced blocks: every trainable parameter (embeddings,
+    attention, routers, shared experts) gets the gradient that the original model
+    on the dequantized int4 weights gives it (``modules/backward.py`` on cpu-int4)."""
+    original = _build(name)
+    replaced = copy.deepcopy(original)
+    names = replace_moe_blocks(replaced, scheme=INT4_SYM_G32, backend="cpu-int4")
+    dequantized = copy.deepcopy(original)
+    _load_dequantized(dequantized, replaced, names, gpt_oss=name == "gpt_oss")
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    grads: list[dict[str, torch.Tensor]] = []
+    for model in (replaced, dequantized):
+        loss = model(ids).logits.float().pow(2).mean()
+        torch.autograd.backward(loss)
+        grads.append(
+            {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        )
+    int4_grads, float_grads = grads
+    assert any(n.split(".")[-2] in ("gate", "router") for n in int4_grads)
+    assert set(int4_grads) <= set(float_grads)  # the float model's experts add theirs
+    for n, g in int4_grads.items():
+        torch.testing.assert_close(g, float_grads[n], **KERNEL_VS_ORACLE[torch.float32])
