@@ -1,13 +1,27 @@
-"""The layer's backward pass (``modules/backward.py``) on the CPU backends, and the
-Triton ones in Triton's interpreter, against torch autograd through the float64 dense
-MoE; and no autograd work where no gradient is asked for."""
+"""The layer's backward pass (``modules/backward.py``) on the CPU backends, the Triton
+ones in Triton's interpreter and xpu-fused on a CPU fake, against torch autograd
+through the float64 dense MoE; and no autograd work where no gradient is asked for."""
 
 import pytest
 import torch
 
+from core.reference import moe_backward_reference
+from core.routing import Routing
+from core.scheme import INT4_SYM_G32
 from modules import Int4MoE
+from modules.backward import run_experts
+from tests.backends.fake_xpu_provider import FakeXpuKernels
 from tests.backends.triton_interpreter_cases import INTERPRETER_ONLY
+from tests.backends.xpu_cases import (
+    D,
+    T,
+    fake_backend,
+    make_config,
+    make_routing,
+    make_weights,
+)
 from tests.modules.backward_cases import CONFIG, check_gradients
+from tests.tolerances import EXACT
 
 CASES = [
     ("reference", torch.float32),
@@ -66,3 +80,28 @@ def test_gradient_reaches_the_router_weights_passed_in(
     torch.autograd.backward(moe(x, topk_weights=weights, topk_ids=ids).float().sum())
     assert weights.grad is not None
     assert bool((weights.grad != 0).all())
+
+
+def test_run_experts_on_a_backend_with_private_weights(
+    generator: torch.Generator,
+) -> None:
+    """xpu-fused (a CPU fake of vllm-xpu-kernels) rewrites private copies of the
+    weights: the backward reads the canonical ones (``prepared.weights``), and its
+    gradients equal those of the reference backward on the same inputs."""
+    config = make_config()
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    backend = fake_backend(FakeXpuKernels())
+    prepared = backend.prepare(weights, config, dtype=torch.bfloat16)
+    x = torch.randn(T, D, generator=generator).to(torch.bfloat16).requires_grad_()
+    routing = make_routing(generator)
+    w = routing.topk_weights.clone().requires_grad_()
+    out = run_experts(
+        backend, prepared, x, Routing(topk_weights=w, topk_ids=routing.topk_ids)
+    )
+    grad = torch.randn(T, D, generator=generator).to(torch.bfloat16)
+    torch.autograd.backward(out, grad)
+    expected_x, expected_w = moe_backward_reference(x, weights, routing, config, grad)
+    assert x.grad is not None
+    assert w.grad is not None
+    torch.testing.assert_close(x.grad, expected_x, **EXACT)
+    torch.testing.assert_close(w.grad, expected_w, **EXACT)
