@@ -5,9 +5,10 @@ kernels, so a compiled inference graph calls the whole layer as ``int4_moe::forw
 an opaque op whose fake implementation gives the output's shape and dtype. The graph
 then has no break there, ``fullgraph=True`` can include the layer, and the CUDA-graph
 modes of ``torch.compile`` can capture it with the rest of the model (the Triton
-backends make no host synchronization). A captured graph replays the kernels on the
-prepared form it recorded, which the graph does not know the layer's buffers behind:
-after loading, moving or editing weights, reset Dynamo and compile again.
+backends make no host synchronization). A captured graph replays the kernels it
+recorded, on the prepared form of that moment (the op's inputs do not include the
+layer's buffers, so nothing tells the graph they changed): after loading, moving or
+editing weights, reset Dynamo and compile again.
 
 A custom op takes tensors and numbers, not modules, so each layer registers itself
 here under a number that the graph carries. The registry holds weak references (it
