@@ -109,3 +109,17 @@ def test_a_graph_that_outlives_its_layer_says_so(generator: torch.Generator) -> 
     gc.collect()
     with pytest.raises(RuntimeError, match=f"layer {number} no longer exists"):
         forward_op(x, None, None, None, number)
+
+
+# Inductor's own imports use torch.jit.script_method, which torch 2.13 deprecates.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+def test_inductor_runs_the_op(generator: torch.Generator) -> None:
+    """Inductor (the default backend) lowers the op to a call of its eager body: the
+    layer alone compiles to no generated kernel, equal to eager over shapes."""
+    moe = _layer(generator)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compiled = torch.compile(moe, fullgraph=True)
+        for tokens in (4, 4, 7, 0):
+            x = torch.randn(tokens, 64, generator=generator)
+            torch.testing.assert_close(compiled(x), moe(x), **EXACT)
