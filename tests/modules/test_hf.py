@@ -389,3 +389,19 @@ def test_training_gradients_match_the_float_model(
     assert set(int4_grads) <= set(float_grads)  # the float model's experts add theirs
     for n, g in int4_grads.items():
         torch.testing.assert_close(g, float_grads[n], **KERNEL_VS_ORACLE[torch.float32])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_replaced_model_compiles_into_one_graph(
+    name: str, generator: torch.Generator
+) -> None:
+    """torch.compile(fullgraph=True) of a whole model with replaced blocks: the int4
+    layers are custom ops in its one graph (``modules/custom_op.py``), logits equal."""
+    model = _build(name)
+    replace_moe_blocks(model, scheme=INT4_SYM_G32)
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        out: torch.Tensor = compiled(ids).logits
+    torch.testing.assert_close(out, _logits(model, ids), **EXACT)
