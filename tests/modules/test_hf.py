@@ -364,16 +364,19 @@ def test_models_without_support_are_refused_by_name() -> None:
         replace_moe_blocks(llama4)
 
 
+@pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_gradients_match_the_float_model(
-    name: str, generator: torch.Generator
+    name: str, routing: Routing, generator: torch.Generator
 ) -> None:
     """Fine-tuning through replaced blocks: every trainable parameter (embeddings,
     attention, routers, shared experts) gets the gradient that the original model
     on the dequantized int4 weights gives it (``modules/backward.py`` on cpu-int4)."""
     original = _build(name)
     replaced = copy.deepcopy(original)
-    names = replace_moe_blocks(replaced, scheme=INT4_SYM_G32, backend="cpu-int4")
+    names = replace_moe_blocks(
+        replaced, scheme=INT4_SYM_G32, backend="cpu-int4", routing=routing
+    )
     dequantized = copy.deepcopy(original)
     _load_dequantized(dequantized, replaced, names, gpt_oss=name == "gpt_oss")
     ids = torch.randint(0, 64, (2, 7), generator=generator)
