@@ -41,12 +41,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from backends.triton._kernels import _activate
+from backends.triton._kernels import _activate, _grid_dependency
 from backends.triton._kernels_mma_steps import (
     _acc_layout,
     _copy_step,
-    _grid_next,
-    _grid_wait,
     _input_copy_layout,
     _input_layout,
     _load_words,
@@ -119,7 +117,7 @@ def _moe_gemm_mma_kernel(
     4%; bench/TUNING.md, "Programmatic dependent launch on the gemm path").
     """
     if PDL:
-        _grid_wait()
+        _grid_dependency(WAIT=True, NEXT=False)
     W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
     X_LAYOUT: gl.constexpr = _input_layout(BLOCK_M, WARPS, 128)
     ACC_LAYOUT: gl.constexpr = _acc_layout(WARPS)
@@ -306,7 +304,7 @@ def _moe_gemm_mma_kernel(
         bias = bias_next
 
     if PDL:
-        _grid_next()
+        _grid_dependency(WAIT=False, NEXT=True)
     _store_tile(
         acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
         e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,

@@ -390,28 +390,3 @@ def _mma_step_shared(
     else:
         acc = p
     return acc
-
-
-@gluon.jit
-def _grid_wait():
-    """Programmatic dependent launch (``MoETiles.pdl``; ``_kernels._grid_dependency``).
-
-    Block until the kernel launched before this one has finished and its writes are
-    visible; a no-op on a launch without PDL.
-    """
-    gl.inline_asm_elementwise(
-        "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
-
-
-@gluon.jit
-def _grid_next():
-    """Programmatic dependent launch (``MoETiles.pdl``): let the next kernel launch.
-
-    It launches (if launched with ``launch_pdl``) once every program of this one has
-    got here or exited; a no-op where it was not.
-    """
-    gl.inline_asm_elementwise(
-        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-        is_pure=False, pack=1,
-    )  # fmt: skip
