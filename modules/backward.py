@@ -28,11 +28,12 @@ def run_experts(
     """``backend.apply``, differentiable where autograd asks for a gradient.
 
     Where grad mode is on and ``hidden_TD`` or ``routing.topk_weights`` requires a
-    gradient, the output carries ``_ExpertsFunction``'s backward; the ``reference``
-    backend is differentiable as it is and runs plainly. Elsewhere (inference, no
-    grad mode) this is ``backend.apply`` alone.
+    gradient, the output carries ``_ExpertsFunction``'s backward, on every backend
+    (the reference backend too: autograd through it would keep every routed expert's
+    float32 weights until the backward). Elsewhere (inference, no grad mode) this is
+    ``backend.apply`` alone.
     """
-    if not wants_grad(hidden_TD, routing.topk_weights) or backend.name == "reference":
+    if not wants_grad(hidden_TD, routing.topk_weights):
         return backend.apply(hidden_TD, prepared, routing)
     out: torch.Tensor = _ExpertsFunction.apply(  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
         hidden_TD, routing.topk_weights, routing.topk_ids, backend, prepared
