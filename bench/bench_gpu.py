@@ -16,8 +16,9 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict, TypeVar
 
 import torch
 import triton
@@ -43,7 +44,17 @@ MODELS = {  # name: (E, top_k, D, F)
     "deepseek-v3": (256, 8, 7168, 2048),
 }
 MS = [1, 4, 16, 64, 256, 1024, 4096]
-GEMV_LOOP_VARIANTS: dict[str, dict[str, object]] = {
+
+
+class GemvLoopVariant(TypedDict, total=False):
+    """The ``GemvTiles`` fields a loop variant of the decode GEMV sets."""
+
+    prefetch: bool
+    loop_stages: int
+    w2_split: int
+
+
+GEMV_LOOP_VARIANTS: dict[str, GemvLoopVariant] = {
     "base": {},
     "prefetch": {"prefetch": True},
     "stages2": {"loop_stages": 2},
@@ -98,7 +109,8 @@ def random_int4(e: int, d: int, f: int) -> QuantizedExpertWeights:
 
     def scales(n: int, k: int) -> torch.Tensor:
         s = torch.rand(e, n, k // GROUP, device="cuda") * 0.5 + 0.75
-        return (s / (4 * k**0.5)).to(torch.bfloat16)
+        root: float = k**0.5  # typeshed types int ** float as Any (it may be complex)
+        return (s / (4 * root)).to(torch.bfloat16)
 
     return QuantizedExpertWeights(
         w13_qdata=codes(e, 2 * f, d // 2),
@@ -142,7 +154,9 @@ def route(m: int, e: int, k: int) -> Routing:
     return Routing(topk_weights=w / w.sum(-1, keepdim=True), topk_ids=ids)
 
 
-def grouped_mm_anchor(x, w13t, w2t, routing: Routing):  # type: ignore[no-untyped-def]
+def grouped_mm_anchor(
+    x: torch.Tensor, w13t: torch.Tensor, w2t: torch.Tensor, routing: Routing
+) -> torch.Tensor:
     """torch._grouped_mm over bf16 weights; counts by scatter_add (capturable)."""
     e, k = w13t.shape[0], routing.topk_ids.shape[1]
     flat = routing.topk_ids.flatten()
@@ -163,7 +177,9 @@ def grouped_mm_anchor(x, w13t, w2t, routing: Routing):  # type: ignore[no-untype
     return out
 
 
-def tinygemm_pack(qdata, scale):  # type: ignore[no-untyped-def]
+def tinygemm_pack(
+    qdata: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical sym int4 (N, K/2) -> tinygemm packed weight and scales_and_zeros."""
     n, half = qdata.shape
     q = torch.stack([qdata & 15, qdata >> 4], -1).reshape(n, 2 * half).to(torch.int32)
@@ -175,7 +191,12 @@ def tinygemm_pack(qdata, scale):  # type: ignore[no-untyped-def]
     return packed, sz.to(torch.bfloat16)
 
 
-def tinygemm_loop(x, packs13, packs2, routing: Routing):  # type: ignore[no-untyped-def]
+def tinygemm_loop(
+    x: torch.Tensor,
+    packs13: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    packs2: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    routing: Routing,
+) -> torch.Tensor:
     out = torch.zeros_like(x)
     k = routing.topk_ids.shape[1]
     flat = routing.topk_ids.flatten()
@@ -212,7 +233,10 @@ def time_graph(fn: Callable[[], object], reps: int = 50) -> float | None:
         return None
 
 
-def replay_graph(fn: Callable[[], object], reps: int = 50) -> tuple[float, object]:
+_T = TypeVar("_T")
+
+
+def replay_graph(fn: Callable[[], _T], reps: int = 50) -> tuple[float, _T]:
     """Median ms of CUDA-graph replays, L2 flushed before each, and the graph's output.
 
     A capture failure raises (the benchmark's functions must all be capturable).
@@ -222,8 +246,8 @@ def replay_graph(fn: Callable[[], object], reps: int = 50) -> tuple[float, objec
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]  # type: ignore[no-untyped-call]  # torch leaves Event unannotated
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]  # type: ignore[no-untyped-call]  # torch leaves Event unannotated
     for i in range(reps + 5):
         flush_l2()
         if i >= 5:

@@ -29,6 +29,13 @@ def format_row(row: dict[str, object]) -> str:
     )
 
 
+def _number(v: object) -> float:
+    """``v``, a number of ``meta`` or a row, for arithmetic (anything else raises)."""
+    if not isinstance(v, (int, float)):
+        raise TypeError(f"expected a number, got {v!r}")
+    return v
+
+
 def cell(row: dict[str, object], key: str) -> str:
     v = row.get(key)
     if not isinstance(v, float):
@@ -41,8 +48,9 @@ def write_markdown(meta: dict[str, object], rows: list[dict[str, object]]) -> st
         "# Benchmark: one MoE layer, int4 W4A16 vs anchors",
         "",
         f"Date {meta['date']}; GPU {meta['gpu']}; torch {meta['torch']}; triton {meta['triton']}.",
-        f"Copy bandwidth {meta['copy_bw'] / 1e12:.2f} TB/s (read + write), dense bf16 matmul "
-        f"{meta['bf16_flops'] / 1e12:.0f} TFLOP/s, both measured in this run.",
+        f"Copy bandwidth {_number(meta['copy_bw']) / 1e12:.2f} TB/s (read + write), dense "
+        f"bf16 matmul {_number(meta['bf16_flops']) / 1e12:.0f} TFLOP/s, both measured in "
+        "this run.",
         "",
         "Uniform random routing, bf16 activations, symmetric int4 group 128 with bf16 scales.",
         "Each cell: median ms (multiple of the floor). Floor = max(bytes / copy bandwidth,",
@@ -187,10 +195,10 @@ def targets_markdown(rows: list[dict[str, object]]) -> list[str]:
     ]
     for key in KEYS:
         errs = [
-            v
+            err
             for r in rows
             for suffix in ("_relerr", "_graph_relerr")
-            if isinstance(v := r.get(key + suffix), float)
+            if isinstance(err := r.get(key + suffix), float)
         ]
         if errs:
             lines.append(f"{key} {max(errs):.1e};")

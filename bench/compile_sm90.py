@@ -26,12 +26,12 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler.compiler import ASTSource
+from triton.compiler.compiler import ASTSource, CompiledKernel
 from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,7 +51,9 @@ MMA_POINTERS = {
     **POINTERS, "bias_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
     "block_rows_ptr": "*i32",
 }  # fmt: skip
-VARIANTS = [  # (label, kernel, block_n, prefetch, warps, TMA stages or None)
+Kernel = triton.JITFunction[Callable[..., object]]
+VARIANTS: list[tuple[str, Kernel, int, bool, int, int | None]] = [
+    # (label, kernel, block_n, prefetch, warps, TMA stages or None)
     ("bytes 16x512 w4", _moe_gemv_kernel, 16, False, 4, None),
     ("words 8x512", _moe_gemv_words_kernel, 8, False, 1, None),
     ("words 8x512 ahead", _moe_gemv_words_kernel, 8, True, 1, None),
@@ -69,7 +71,7 @@ MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then othe
 
 def _signature(
     params: list[str],
-    constants: dict[str, object],
+    constants: Mapping[str, object],
     pointers: dict[str, str],
     desc: str | None = None,
 ) -> tuple[dict[str, str], dict[tuple[int, ...], list[list[object]]]]:
@@ -94,14 +96,14 @@ def _signature(
 
 
 def compile_gemv(
-    kernel: Any,
+    kernel: Kernel,
     *,
     gated: bool,
     block_n: int,
     prefetch: bool,
     warps: int,
     tma: int | None = None,
-) -> Any:
+) -> CompiledKernel:
     """The kernel compiled for sm_90 with 512-column steps.
 
     ``tma``: the paired kernel's TMA reads, pipelined this many stages deep.
@@ -118,7 +120,9 @@ def compile_gemv(
         constants["w_desc"] = None
     desc = f"tensordesc<i32[{block_n}, 64]>"  # _words_descriptor's block, 512 codes
     signature, attrs = _signature(params, constants, POINTERS, desc)
-    consts = {(params.index(k),): v for k, v in constants.items() if k in params}
+    consts: dict[tuple[int, ...], object] = {
+        (params.index(k),): v for k, v in constants.items() if k in params
+    }
     source = ASTSource(kernel, signature, consts, attrs)
     return triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
@@ -134,7 +138,7 @@ def compile_mma(
     copy_steps: int = 1,
     x_shared: bool = False,
     pdl: bool = False,
-) -> Any:
+) -> CompiledKernel:
     """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -153,11 +157,13 @@ def compile_mma(
     )
 
 
-def describe(compiled: Any) -> str:
+def describe(compiled: CompiledKernel) -> str:
     """Registers, the K loop's SASS count and its most frequent opcodes."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
+        binary = compiled.asm["cubin"]
+        assert isinstance(binary, bytes)  # the binary stage; the others are text
+        cubin.write_bytes(binary)
         usage = subprocess.run(
             [BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
             check=True,

@@ -17,6 +17,7 @@ launch at every size, by a version of this script that called it for that form.)
 
 import sys
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -82,6 +83,20 @@ def same(a: BlockAlignment, b: BlockAlignment) -> bool:
     return torch.equal(a.sorted_pairs[valid], b.sorted_pairs[valid])
 
 
+class Aligner(Protocol):
+    """``align_pairs_to_blocks``'s signature."""
+
+    def __call__(
+        self, topk_ids_TK: torch.Tensor, num_experts: int, *, block_m: int
+    ) -> BlockAlignment:
+        """Group the routed pairs by expert into blocks of ``block_m`` rows."""
+
+
+def use_aligner(fn: Aligner) -> None:
+    """Make ``fused_moe`` align through ``fn`` (it calls the name ``_fused`` imported)."""
+    vars(fused)["align_pairs_to_blocks"] = fn
+
+
 def main() -> None:
     tiny = torch.zeros(1, device="cuda")
     print(
@@ -117,13 +132,13 @@ def main() -> None:
                     ("two", align_two_launches),
                     ("one", align_one_launch),
                 ):
-                    fused.align_pairs_to_blocks = fn  # type: ignore[assignment]
+                    use_aligner(fn)
                     ms, out = replay_graph(
                         lambda: fused.fused_moe(x, w13, w2, r, config)
                     )
                     times[label].append(ms)
                     outs[label] = out
-            fused.align_pairs_to_blocks = align_pairs_to_blocks
+            use_aligner(align_pairs_to_blocks)
             assert torch.equal(outs["two"], outs["one"]), (name, m)
             print(f"{name:16s} M={m:4d} layer: two launches "
                   f"{' / '.join(f'{t:.4f}' for t in times['two'])} ms, one "

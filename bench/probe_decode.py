@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import DeviceType, ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,7 +57,7 @@ def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
     per: dict[str, list[float]] = defaultdict(list)
     for ev in prof.events():
         is_flush = "fill" in ev.name.lower()
-        if ev.device_type == torch.autograd.DeviceType.CUDA and not is_flush:
+        if ev.device_type == DeviceType.CUDA and not is_flush:
             per[ev.name[:40]].append(ev.device_time)
     return {k: statistics.median(v) * len(v) / REPS for k, v in per.items()}
 

@@ -10,6 +10,7 @@ output checked against the float32 reference first.
 # A GPU script: print is its output.
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,11 +55,17 @@ def main() -> None:
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
             ref = moe_forward_reference(x, q, r, config)
-            runs = {"gemm": lambda: fused_moe(x, d13, d2, r, config, path="gemm")}
+            runs: dict[str, Callable[[], torch.Tensor]] = {
+                "gemm": lambda: fused_moe(x, d13, d2, r, config, path="gemm")
+            }
             for label, tiles in TILES.items():
-                runs[f"gemv {label}"] = lambda tiles=tiles: fused_moe(
-                    x, d13, d2, r, config, path="gemv", gemv_tiles=tiles
-                )
+
+                def run(tiles: GemvTiles | None = tiles) -> torch.Tensor:
+                    return fused_moe(
+                        x, d13, d2, r, config, path="gemv", gemv_tiles=tiles
+                    )
+
+                runs[f"gemv {label}"] = run
             for label, fn in runs.items():
                 err = checked(ref, fn(), f"{name} M={m} {label}")
                 print(

@@ -6,7 +6,7 @@ codes, 9 bytes summed only), ``_gemv_word`` (int32 words of 8 codes) and ``_gemv
 """
 
 # ruff: noqa: D103, TID253
-# Launchers take the probe's untyped arguments.
+# Launchers take the probe's keyword arguments (probe_gemv.py's variant tables).
 
 import torch
 import triton
@@ -206,7 +206,10 @@ def _gemv_tma(
     tl.store(c_ptrs, acc, mask=n_mask)
 
 
-def tma_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, stages):
+def tma_launch(
+    x: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int, stages: int,
+) -> object:  # fmt: skip
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     pairs = ids.numel()
@@ -217,6 +220,7 @@ def tma_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, sta
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     ng = bk // b.group_size if bk > b.group_size else 1
     grid = (pairs, triton.cdiv(n, bn), split)
+    assert b.scale is not None
     return _gemv_tma[grid](
         x, desc, b.scale, out, ids, n, k, k_per,
         x.stride(0), b.scale.stride(0), b.scale.stride(1), out.stride(0), out.stride(1),
@@ -225,7 +229,10 @@ def tma_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, sta
     )  # fmt: skip
 
 
-def word_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, xmode):
+def word_launch(
+    x: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int, xmode: int,
+) -> object:  # fmt: skip
     pairs = ids.numel()
     words = b.data.view(torch.int32)
     n = words.shape[1]
@@ -233,6 +240,7 @@ def word_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, xm
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     even = k % bk == 0 and k_per % bk == 0 and (k_per * split == k or k % k_per == 0)
     grid = (pairs, triton.cdiv(n, bn), split)
+    assert b.scale is not None
     return _gemv_word[grid](
         x, words, b.scale, out, ids, n, k, k_per,
         x.stride(0), words.stride(0), words.stride(1), b.scale.stride(0),
@@ -242,13 +250,17 @@ def word_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, xm
     )  # fmt: skip
 
 
-def probe_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, mode):
+def probe_launch(
+    x: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int, mode: int,
+) -> object:  # fmt: skip
     pairs = ids.numel()
     n, half = b.data.shape[1], b.data.shape[2]
     k = 2 * half
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     ng = bk // b.group_size if bk > b.group_size else 1
     grid = (pairs, triton.cdiv(n, bn), split)
+    assert b.scale is not None
     return _gemv_probe[grid](
         x, b.data, b.scale, out, ids, n, k, k_per,
         x.stride(0), b.data.stride(0), b.data.stride(1), b.scale.stride(0),

@@ -6,7 +6,7 @@ in Triton's CPU interpreter.
 """
 
 # ruff: noqa: D103, TID253
-# Launchers take the probe's untyped arguments.
+# Launchers take the probe's keyword arguments (probe_gemv.py's variant tables).
 
 import torch
 import triton
@@ -97,13 +97,17 @@ def _gemv_tc(
     tl.store(c_ptrs, out, mask=n_mask)
 
 
-def tc_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split):
+def tc_launch(
+    x: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int,
+) -> object:  # fmt: skip
     pairs = ids.numel()
     words = b.data.view(torch.int32)
     n = words.shape[1]
     k = 8 * words.shape[2]
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     grid = (pairs, triton.cdiv(n, bn), split)
+    assert b.scale is not None
     return _gemv_tc[grid](
         x, words, b.scale, out, ids, n, k, k_per,
         x.stride(0), words.stride(0), words.stride(1), b.scale.stride(0),
@@ -210,13 +214,17 @@ def prescale_x(x: torch.Tensor) -> torch.Tensor:
     return (x.float().view(r, k // 8, 8) * sc).transpose(1, 2).contiguous()
 
 
-def word2_launch(xs, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split):
+def word2_launch(
+    xs: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int,
+) -> object:  # fmt: skip
     pairs = ids.numel()
     words = b.data.view(torch.int32)
     n = words.shape[1]
     k = 8 * words.shape[2]
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     grid = (pairs, triton.cdiv(n, bn), split)
+    assert b.scale is not None
     return _gemv_word2[grid](
         xs, words, b.scale, out, ids, n, k, k_per,
         xs.stride(0), words.stride(0), words.stride(1), b.scale.stride(0),

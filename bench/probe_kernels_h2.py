@@ -19,7 +19,7 @@ below the block's largest become float16 subnormals (kept to 2^-24 of it), more 
 """
 
 # ruff: noqa: TID253
-# Launchers take the probe's untyped arguments.
+# Launchers take the probe's keyword arguments (probe_gemv.py's variant tables).
 
 import torch
 import triton
@@ -164,7 +164,10 @@ def pack_x(x: torch.Tensor) -> torch.Tensor:
     return h.view(torch.int32).view(r, k // 8, 4).transpose(1, 2).contiguous()
 
 
-def h2_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, xmode=0):
+def h2_launch(
+    x: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int, xmode: int = 0,
+) -> object:  # fmt: skip
     """``xmode`` 2 takes ``pack_x(x)``."""
     pairs = ids.numel()
     words = b.data.view(torch.int32)
@@ -173,6 +176,7 @@ def h2_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split, xmod
     k_per = triton.cdiv(triton.cdiv(k, split), bk) * bk
     even = k % bk == 0 and k_per % bk == 0 and k_per * split >= k
     grid = (pairs, triton.cdiv(n, bn), split)
+    assert b.scale is not None
     return _gemv_h2[grid](
         x, words, b.scale, out, ids, n, k, k_per,
         x.stride(0), words.stride(0), words.stride(1), b.scale.stride(0),

@@ -10,7 +10,7 @@ whole share of the matrix is one contiguous run). ``MODE`` 9 sums the words only
 """
 
 # ruff: noqa: D103, TID253
-# Launchers take the probe's untyped arguments.
+# Launchers take the probe's keyword arguments (probe_gemv.py's variant tables).
 
 import os
 
@@ -110,8 +110,10 @@ def blocked_words(words: torch.Tensor, bn: int, bw: int) -> torch.Tensor:
     return _BLOCKED[key]
 
 
-def layout_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split,
-                  blocked, mode):  # fmt: skip
+def layout_launch(
+    x: torch.Tensor, b: ExpertMatrix, out: torch.Tensor, ids: torch.Tensor, *,
+    a_div: int, bn: int, bk: int, warps: int, split: int, blocked: int, mode: int,
+) -> object:  # fmt: skip
     pairs = ids.numel()
     words = b.data.view(torch.int32)
     n, kw = words.shape[1], words.shape[2]
@@ -120,6 +122,7 @@ def layout_launch(x, b: ExpertMatrix, out, ids, *, a_div, bn, bk, warps, split,
     assert k % (bk * split) == 0, (k, bk, split)
     w = blocked_words(words, bn, bk // 8) if blocked else words
     grid = (pairs, n // bn, split)
+    assert b.scale is not None
     return _gemv_layout[grid](
         x, w, b.scale, out, ids, n, k, k // split,
         x.stride(0), n * kw, b.scale.stride(0), b.scale.stride(1),

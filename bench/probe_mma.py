@@ -338,10 +338,10 @@ def ncu() -> None:
         fused_moe(x, w13, w2, r, cfg)
         torch.cuda.synchronize()
         print(f"=== {name} M={m} tiles {pick_tiles(m * k, w13, w2)}", flush=True)
-        torch.cuda.profiler.start()
+        torch.cuda.profiler.start()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         fused_moe(x, w13, w2, r, cfg)
         torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+        torch.cuda.profiler.stop()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         del q, w13, w2
         torch.cuda.empty_cache()
 
@@ -373,9 +373,13 @@ def main() -> None:
             default = pick_tiles(m * k, w13, w2)
             fns: dict[str, Callable[[], torch.Tensor]] = {}
             for key, tiles in variants(default).items():
-                fns[key] = lambda t=tiles: fused_moe(
-                    x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
-                )
+
+                def run(t: MoETiles | None = tiles) -> torch.Tensor:
+                    return fused_moe(
+                        x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
+                    )  # fmt: skip
+
+                fns[key] = run
             for key, fn in fns.items():
                 try:
                     err = rel_err(ref, fn())

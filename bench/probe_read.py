@@ -46,7 +46,7 @@ def _stream(
     offs = tl.arange(0, BLOCK)
     bits = tl.zeros([BLOCK], dtype=tl.int32)
     for c in range(pid, n_chunks, P):
-        base = src + c.to(tl.int64) * (BLOCK * UNROLL)
+        base = src + tl.cast(c, tl.int64) * (BLOCK * UNROLL)
         v = tl.load(base + offs)
         if UNROLL >= 2:
             v ^= tl.load(base + BLOCK + offs)
@@ -227,8 +227,11 @@ def main() -> None:
                 out = torch.empty(1, ids.numel(), 2 * f, device="cuda")
                 kw = {"bn": bn, "bk": 512, "warps": warps, "split": 1,
                       "blocked": blocked, "mode": mode}  # fmt: skip
-                ms = time_graph(lambda kw=kw, out=out: layout_launch(
-                    x, b, out, ids, a_div=k, **kw))  # fmt: skip
+
+                def run(kw: dict[str, int] = kw, out: torch.Tensor = out) -> object:
+                    return layout_launch(x, b, out, ids, a_div=k, **kw)
+
+                ms = time_graph(run)
                 assert ms is not None
                 print(f"gemv shape {bn}x512 w{warps} blocked={blocked} mode={mode}: "
                       f"{nbytes / ms / 1e9:5.2f} TB/s", flush=True)  # fmt: skip

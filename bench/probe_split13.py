@@ -45,13 +45,22 @@ from backends.triton._fused import (
 )
 from backends.triton._launch import buffer_dtype, launch_gemm, reduce_topk
 from backends.triton._launch_gemv import launch_gemv
+from backends.triton._tiles import GemmTiles
 from core.quantize import dequantize_expert
+from core.routing import Routing
+from core.weights import QuantizedExpertWeights
 
 SPLITS = (1, 2, 4, 8)
 SHAPES = ((128, 4), (64, 2))
 
 
-def check(out, x_n, q, r, what) -> None:
+def check(
+    out: torch.Tensor,
+    x_n: torch.Tensor,
+    q: QuantizedExpertWeights,
+    r: Routing,
+    what: str,
+) -> None:
     """Raise unless ``out`` (pairs, 2F) is each pair's w13 product to 1e-2."""
     ids = r.topk_ids.reshape(-1).tolist()
     ref = torch.stack(
@@ -119,7 +128,9 @@ def main() -> None:
                     )
                     part = torch.empty(s, n, 2 * f, device="cuda")
 
-                    def g13(tiles=tiles, part=part) -> None:
+                    def g13(
+                        tiles: GemmTiles = tiles, part: torch.Tensor = part
+                    ) -> None:
                         launch_gemm(
                             x_n, w13, part, align, tiles, n=2 * f, routing=r,
                             config=config, gated=False, experts=(0, e),
@@ -132,7 +143,7 @@ def main() -> None:
                 t2 = attrs.evolve(table.w2, split_k=min(8, table.w2.split_k * mult))
                 part2 = torch.empty(t2.split_k, n, d, device="cuda")
 
-                def g2(t2=t2, part2=part2) -> None:
+                def g2(t2: GemmTiles = t2, part2: torch.Tensor = part2) -> None:
                     launch_gemm(
                         inter, w2, part2, align, t2, n=d, routing=r, config=config,
                         gated=False, experts=(0, e),

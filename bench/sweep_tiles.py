@@ -30,6 +30,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 import attrs
 import torch
@@ -58,13 +59,31 @@ from backends.triton._configs import (
     SIXTEEN_BIT_MIN_PAIRS,
     choose_tiles,
 )
-from backends.triton._fused import fused_moe, pick_tiles, use_dequant
+from backends.triton._fused import Path as FusedPath, fused_moe, pick_tiles, use_dequant
 from backends.triton._launch import ExpertMatrix
 from backends.triton._tiles import GemmTiles, GemvTiles, MoETiles
 from core.config import MoEConfig
 from core.quantize import dequantize_expert_weights
 from core.reference import moe_forward_reference
 from core.routing import Routing
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+
+class FusedKw(TypedDict, total=False):
+    """Keyword arguments of ``fused_moe`` that a variant sets."""
+
+    tiles: MoETiles
+    path: FusedPath
+    gemv_tiles: GemvTiles
+
+
+WordTile: TypeAlias = (
+    "tuple[int, int, int, int | None, bool, int | None, Unpack[tuple[bool, ...]]]"
+)
+"""A word GEMV tile: (block_n, block_k, warps, w2_split or None, prefetch,
+loop_stages), then ``paired``, ``pdl`` and ``tma`` where given."""
 
 DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (32, 256, 4, 3),
@@ -74,7 +93,7 @@ DECODE_GEMM = [  # (block_n, block_k, warps, stages)
     (16, 512, 4, 3),
 ]
 DECODE_GEMV = [(16, 512, 4), (32, 256, 4), (8, 1024, 4), (16, 1024, 8)]
-WORD_GEMV = [  # (block_n, block_k, warps, w2_split or None, prefetch, loop_stages)
+WORD_GEMV: list[WordTile] = [  # (block_n, block_k, warps, w2_split or None, prefetch, loop_stages)
     (16, 256, 1, None, False, None), (8, 256, 1, None, False, None),
     (16, 256, 1, None, True, None), (8, 256, 1, None, True, None),
     (16, 256, 1, None, False, 2), (16, 256, 1, None, False, 3),
@@ -84,7 +103,7 @@ WORD_GEMV = [  # (block_n, block_k, warps, w2_split or None, prefetch, loop_stag
 ]  # fmt: skip
 """Word GEMV variants (``sweep_tiles.py words``); the first two were the table's
 before the prefetch sweep (``sweeps/sweep_words_prefetch_h200.log``)."""
-WORD_GEMV_ROUND2 = [
+WORD_GEMV_ROUND2: list[WordTile] = [
     (16, 256, 1, None, False, None), (8, 512, 1, None, False, None),
     (8, 512, 1, None, True, None), (16, 256, 1, None, True, None),
     (8, 1024, 1, None, False, None), (16, 512, 2, None, False, None),
@@ -93,13 +112,13 @@ WORD_GEMV_ROUND2 = [
     (8, 512, 1, None, False, None),
 ]  # fmt: skip
 """``SWEEP_WORDS=2``: around the first sweep's best; 8 x 512 twice (run-to-run noise)."""
-WORD_GEMV_TABLE = [
+WORD_GEMV_TABLE: list[WordTile] = [
     (8, 512, 1, None, False, None), (8, 512, 1, None, True, None),
     (16, 256, 1, None, True, None),
 ]  # fmt: skip
 """``SWEEP_WORDS=3``: the table's two word tiles and the best DeepSeek-V3 one, for the
 GEMV against the GEMM past the decode rule (``SWEEP_M=8,16``)."""
-WORD_GEMV_PAIRED = [
+WORD_GEMV_PAIRED: list[WordTile] = [
     (8, 512, 1, None, False, None), (8, 512, 1, None, True, None),
     (8, 512, 1, None, False, None, True), (8, 512, 1, None, True, None, True),
     (16, 512, 1, None, False, None, True), (16, 256, 1, None, False, None, True),
@@ -107,7 +126,7 @@ WORD_GEMV_PAIRED = [
 ]  # fmt: skip
 """``SWEEP_WORDS=4``: the one-word table's tiles before the paired kernel, then tiles
 of the paired kernel (a seventh entry ``True``); ``sweeps/sweep_words_paired_h200.log``."""
-WORD_GEMV_PAIRED_NEXT = [
+WORD_GEMV_PAIRED_NEXT: list[WordTile] = [
     (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
     (16, 512, 2, None, False, None, True), (32, 512, 2, None, False, None, True),
     (16, 512, 2, None, True, None, True), (8, 512, 1, None, False, None, True),
@@ -116,7 +135,7 @@ WORD_GEMV_PAIRED_NEXT = [
 ones, which halve the registers a thread (the gated 16 x 512 step takes 254 with one
 warp, ``sweeps/compile_sm90.log``). Its two-warp 16 x 512 tile ran beside the streamed
 GEMV (``sweeps/sweep_words_stream_h200.log``): 1.2-1.8x slower than the table."""
-WORD_GEMV_PDL = [
+WORD_GEMV_PDL: list[WordTile] = [
     (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
     (8, 512, 1, None, True, None, True, True), (16, 512, 1, None, False, None, True, True),
     (8, 512, 1, None, True, None, True), (16, 512, 1, None, False, None, True),
@@ -124,7 +143,7 @@ WORD_GEMV_PDL = [
 """``SWEEP_WORDS=6``: the paired table's two tiles without and with programmatic
 dependent launch (an eighth entry: ``GemvTiles.pdl``), then without again (run-to-run
 noise)."""
-WORD_GEMV_TMA = [
+WORD_GEMV_TMA: list[WordTile] = [
     (8, 512, 1, None, True, None, True, True), (16, 512, 1, None, False, None, True, True),
     (8, 512, 1, None, False, 2, True, True, True), (8, 512, 1, None, False, 3, True, True, True),
     (8, 512, 1, None, False, 4, True, True, True), (16, 512, 1, None, False, 2, True, True, True),
@@ -172,6 +191,7 @@ def w2_split_variants() -> dict[str, GemvTiles]:
     assert table.w2_tiles is not None
     t8 = attrs.evolve(table.w2_tiles, block_n=8)
     out = {"table": table}
+    split: int | None
     for split in (2, 4, 8):
         out[f"w2 16 rows split {split}"] = attrs.evolve(table, w2_split=split)
     for split in (None, 2, 4, 8):
@@ -200,10 +220,10 @@ PREFILL_GEMM = [  # (block_m, block_n w13, block_n w2, block_k, warps, stages)
 
 def variants(
     m: int, k: int, e: int, default: MoETiles, mode: str
-) -> dict[str, dict[str, object]]:
+) -> dict[str, FusedKw]:
     """Keyword arguments of fused_moe per variant name."""
     if mode == "emulation":
-        out_e: dict[str, dict[str, object]] = {"auto": {}}
+        out_e: dict[str, FusedKw] = {"auto": {}}
         for bm, bn13, bn2, bk, w, st, gm in EMULATION_GEMM:
             t = GemmTiles(
                 block_n=bn13, block_k=bk, num_warps=w, num_stages=st, group_m=gm
@@ -217,8 +237,8 @@ def variants(
     if mode == "group":
         return {}  # group_fns
     if mode == "words":
-        out_w: dict[str, dict[str, object]] = {"auto": {}}
-        word_set: list[tuple[object, ...]] = {
+        out_w: dict[str, FusedKw] = {"auto": {}}
+        word_set: list[WordTile] = {
             "2": WORD_GEMV_ROUND2, "3": WORD_GEMV_TABLE, "4": WORD_GEMV_PAIRED,
             "5": WORD_GEMV_PAIRED_NEXT, "6": WORD_GEMV_PDL, "7": WORD_GEMV_TMA,
         }.get(os.environ.get("SWEEP_WORDS", ""), WORD_GEMV)  # fmt: skip
@@ -253,7 +273,7 @@ def variants(
             f"gemv {name}": {"path": "gemv", "gemv_tiles": attrs.evolve(base, **kw)}
             for name, kw in GEMV_LOOP_VARIANTS.items()
         }
-    out: dict[str, dict[str, object]] = {"auto": {}}
+    out: dict[str, FusedKw] = {"auto": {}}
     if m <= 64:
         for bn, bk, w, st in DECODE_GEMM:
             t = GemmTiles(block_n=bn, block_k=bk, num_warps=w, num_stages=st)
@@ -279,9 +299,7 @@ def variants(
     return out
 
 
-def operand_variants(
-    m: int, k: int, e: int, default: MoETiles
-) -> dict[str, dict[str, object]]:
+def operand_variants(m: int, k: int, e: int, default: MoETiles) -> dict[str, FusedKw]:
     """The int4 table beside the previous table's plain tiles, rows, and the GEMV.
 
     The table has swapped operands (int32 words at decode, nibble halves above; it
@@ -290,7 +308,7 @@ def operand_variants(
     The first round of this sweep (bench/sweeps/sweep_operands_round1_*.log) timed
     each tile with and without swapped operands; swapped won almost everywhere.
     """
-    out: dict[str, dict[str, object]] = {"auto": {}, "gemm table": {"path": "gemm"}}
+    out: dict[str, FusedKw] = {"auto": {}, "gemm table": {"path": "gemm"}}
     if m <= 64:
         out["gemv"] = {"path": "gemv"}
     plain = choose_tiles(
@@ -334,16 +352,21 @@ def group_fns(
     for label, (a, b) in (("w4a16", int4), ("emulation", dense)):
         dq = label == "w4a16" and use_dequant(pairs, a)
         base = pick_tiles(pairs, a, b, dequant=dq)
-        path = "dequant" if dq else "gemm"
+        path: FusedPath = "dequant" if dq else "gemm"
         for g in GROUP_MS:
             tiles = attrs.evolve(
                 base,
                 w13=attrs.evolve(base.w13, group_m=g),
                 w2=attrs.evolve(base.w2, group_m=g),
             )
-            out[f"{label} {path} group_m {g}"] = lambda a=a, b=b, t=tiles, p=path: (
-                fused_moe(x, a, b, r, cfg, tiles=t, path=p)
-            )
+
+            def run(
+                a: ExpertMatrix = a, b: ExpertMatrix = b, t: MoETiles = tiles,
+                p: FusedPath = path,
+            ) -> torch.Tensor:  # fmt: skip
+                return fused_moe(x, a, b, r, cfg, tiles=t, path=p)
+
+            out[f"{label} {path} group_m {g}"] = run
     return out
 
 
@@ -390,20 +413,36 @@ def main() -> None:
             default = pick_tiles(m * k, w13, w2)
             fns: dict[str, Callable[[], torch.Tensor]] = {}
             for key, kw in variants(m, k, e, default, mode).items():
-                fns[key] = lambda kw=kw: fused_moe(x, w13, w2, r, cfg, **kw)
+
+                def variant_fn(kw: FusedKw = kw) -> torch.Tensor:
+                    return fused_moe(x, w13, w2, r, cfg, **kw)
+
+                fns[key] = variant_fn
             if dense16 is not None:
                 fns = group_fns(x, r, cfg, (w13, w2), dense16)
-                fns["grouped_mm bf16"] = lambda d16=dense16: grouped_mm_anchor(
-                    x, d16[0].data.transpose(1, 2), d16[1].data.transpose(1, 2), r
-                )
+
+                def anchor_fn(
+                    d16: tuple[ExpertMatrix, ExpertMatrix] = dense16,
+                ) -> torch.Tensor:
+                    return grouped_mm_anchor(
+                        x, d16[0].data.transpose(1, 2), d16[1].data.transpose(1, 2), r
+                    )
+
+                fns["grouped_mm bf16"] = anchor_fn
             if emulation:
                 fns["grouped_mm bf16"] = lambda: grouped_mm_anchor(
                     x, w13.data.transpose(1, 2), w2.data.transpose(1, 2), r
                 )
             if dense is not None:
-                fns["emulation (bf16 resident)"] = lambda dn=dense: fused_moe(
-                    x, dn[0], dn[1], r, cfg
-                )
+
+                def resident_fn(
+                    dn: tuple[
+                        ExpertMatrix, ExpertMatrix, torch.Tensor, torch.Tensor
+                    ] = dense,
+                ) -> torch.Tensor:
+                    return fused_moe(x, dn[0], dn[1], r, cfg)
+
+                fns["emulation (bf16 resident)"] = resident_fn
                 w13t, w2t = dense[2].transpose(1, 2), dense[3].transpose(1, 2)
                 fns["grouped_mm bf16"] = lambda: grouped_mm_anchor(x, w13t, w2t, r)
             for key, fn in fns.items():
