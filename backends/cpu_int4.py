@@ -22,7 +22,6 @@ from core.config import MoEConfig
 from core.errors import BackendUnavailableError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.packing import unpack_int4
-from core.reference import moe_forward_reference
 from core.routing import Routing, sort_tokens_by_expert
 from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -34,12 +33,17 @@ KERNEL_GROUP_SIZES: Final = (32, 64, 128, 256)
 ROW_MULTIPLE: Final = 16
 """Output rows of each packed weight must be a multiple of this (the packer's check)."""
 ACTIVATION_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
-"""All three are supported. Only bf16 runs the int4 kernel: on torch 2.13 the kernel
-took 50-170x longer per GEMM for fp16 and fp32 (bench/RESULTS_CPU.md), 10-40x longer
-than dequantizing the expert and calling a float32 GEMM, so fp16 and fp32 run the
-reference's float32 math (``moe_forward_reference``: as accurate and as fast)."""
+"""Accepted input dtypes; every one computes in ``KERNEL_DTYPE``."""
 KERNEL_DTYPE: Final = torch.bfloat16
-"""The one activation dtype that uses torch's int4 kernel."""
+"""The dtype the GEMMs run in, whatever the input's (W4A16: 16-bit activations).
+
+On torch 2.13 the kernel's fp16 and fp32 paths took 50-170x longer per GEMM than its
+bf16 path, slower than dequantizing the expert for a float32 GEMM (bench/RESULTS_CPU.md).
+So fp16 and fp32 inputs are rounded to bf16 on the way in, and the output (accumulated
+in float32) is converted back: the error against float32 math on the same int4 weights
+is that of bf16 inputs (about 4e-3 relative L2 on a Qwen3-30B-A3B layer, some 40x
+below int4's own rounding error), at 25-40x the speed of that float32 math. The
+``reference`` backend is the float32 math throughout."""
 _SYM_OFFSET: Final = 8
 # innerKTiles matters only to the CUDA packer; the CPU packer ignores it (the bytes are
 # identical for 1, 2, 4 and 8 on torch 2.13), so any valid value will do.
@@ -52,20 +56,19 @@ class CPUInt4Prepared(PreparedExperts):
     """The experts packed for torch's CPU int4 kernel (opaque, never serialized).
 
     Attributes:
-        w13_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(2F, D)`` codes;
-            ``None`` (like the other packed fields) unless ``dtype`` is bf16.
-        w13_scale_and_zero: ``(E, G, 2F, 2)`` in ``dtype``.
+        w13_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(2F, D)`` codes.
+        w13_scale_and_zero: ``(E, G, 2F, 2)`` in ``KERNEL_DTYPE``.
         w13_group_size: the kernel group size along ``D`` (``-1`` resolved).
         w2_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(D, F)`` codes.
-        w2_scale_and_zero: ``(E, G, D, 2)`` in ``dtype``.
+        w2_scale_and_zero: ``(E, G, D, 2)`` in ``KERNEL_DTYPE``.
         w2_group_size: the kernel group size along ``F``.
     """
 
-    w13_packed: torch.Tensor | None
-    w13_scale_and_zero: torch.Tensor | None
+    w13_packed: torch.Tensor
+    w13_scale_and_zero: torch.Tensor
     w13_group_size: int
-    w2_packed: torch.Tensor | None
-    w2_scale_and_zero: torch.Tensor | None
+    w2_packed: torch.Tensor
+    w2_scale_and_zero: torch.Tensor
     w2_group_size: int
 
 
@@ -127,9 +130,9 @@ def _refusal(
 
 
 def _scale_and_zero(
-    scale_ERG: torch.Tensor, zero_point_ERG: torch.Tensor | None, dtype: torch.dtype
+    scale_ERG: torch.Tensor, zero_point_ERG: torch.Tensor | None
 ) -> torch.Tensor:
-    """``(E, G, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``dtype``.
+    """``(E, G, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``KERNEL_DTYPE``.
 
     Computed in float32 and rounded once, so a bf16 ``zero`` carries one rounding.
     """
@@ -138,7 +141,8 @@ def _scale_and_zero(
         zero = torch.zeros_like(scale)
     else:
         zero = (_SYM_OFFSET - zero_point_ERG.float()) * scale
-    return torch.stack([scale, zero], dim=-1).transpose(1, 2).contiguous().to(dtype)
+    pairs = torch.stack([scale, zero], dim=-1).transpose(1, 2)
+    return pairs.contiguous().to(KERNEL_DTYPE)
 
 
 def _pack_codes(qdata_RP: torch.Tensor) -> torch.Tensor:
@@ -163,9 +167,10 @@ def _pack_experts(qdata_ERP: torch.Tensor) -> torch.Tensor:
 class CPUInt4Backend:
     """Per-expert loop over torch's CPU int4 kernels, packed once at ``prepare``.
 
-    Only experts that received tokens run. Inputs in another dtype than the one
-    prepared for are converted to it and the output converted back. The activation and
-    the router weighting run in float32, and outputs are accumulated in float32.
+    Only experts that received tokens run. The GEMMs run in bf16 (``KERNEL_DTYPE``):
+    fp16 and fp32 inputs are rounded to it, and the output is converted back to the
+    input's dtype. The activation and the router weighting run in float32, and outputs
+    are accumulated in float32.
     """
 
     @property
@@ -200,24 +205,17 @@ class CPUInt4Backend:
             raise BackendUnavailableError(
                 f"cpu-int4 cannot prepare these weights: {reason}"
             )
-        packed = dtype == KERNEL_DTYPE
         return CPUInt4Prepared(
             weights=weights,
             config=config,
             dtype=dtype,
-            w13_packed=_pack_experts(weights.w13_qdata) if packed else None,
+            w13_packed=_pack_experts(weights.w13_qdata),
             w13_scale_and_zero=_scale_and_zero(
-                weights.w13_scale, weights.w13_zero_point, dtype
-            )
-            if packed
-            else None,
+                weights.w13_scale, weights.w13_zero_point
+            ),
             w13_group_size=weights.scheme.group_size_for(config.hidden_size),
-            w2_packed=_pack_experts(weights.w2_qdata) if packed else None,
-            w2_scale_and_zero=_scale_and_zero(
-                weights.w2_scale, weights.w2_zero_point, dtype
-            )
-            if packed
-            else None,
+            w2_packed=_pack_experts(weights.w2_qdata),
+            w2_scale_and_zero=_scale_and_zero(weights.w2_scale, weights.w2_zero_point),
             w2_group_size=weights.scheme.group_size_for(config.intermediate_size),
         )
 
@@ -227,13 +225,10 @@ class CPUInt4Backend:
         """Route, run the two int4 GEMMs per used expert, weight and sum.
 
         Returns:
-            ``(T, D)`` in the dtype of ``hidden_TD``.
+            ``(T, D)`` in the dtype of ``hidden_TD``; the GEMMs run in bf16 whatever
+            it is (``KERNEL_DTYPE``).
         """
         ready = check_prepared(prepared, CPUInt4Prepared, self.name)
-        if ready.dtype != KERNEL_DTYPE:  # see ACTIVATION_DTYPES
-            return moe_forward_reference(
-                hidden_TD, ready.weights, routing, ready.config
-            )
         k = routing.top_k
         out_TD = torch.zeros(
             hidden_TD.shape[0], hidden_TD.shape[1], dtype=torch.float32
@@ -242,7 +237,9 @@ class CPUInt4Backend:
             routing.topk_ids, ready.weights.num_experts
         )
         weights_N = routing.topk_weights.flatten().float()
-        x_TD = hidden_TD.to(ready.dtype)
+        # Rounded to bf16 once, here; weighted inputs are rounded after the weighting.
+        on_input = ready.config.apply_router_weight_on_input
+        x_TD = hidden_TD if on_input else hidden_TD.to(KERNEL_DTYPE)
         ends_E = torch.cumsum(counts_E, 0).tolist()
         for expert in torch.nonzero(counts_E).flatten().tolist():
             end = ends_E[expert]
@@ -268,10 +265,6 @@ def _kernel_expert(
     x_ND: torch.Tensor, ready: CPUInt4Prepared, expert: int
 ) -> torch.Tensor:
     """One expert through torch's int4 kernel (bf16); float32 ``(N, D)`` out."""
-    assert ready.w13_packed is not None
-    assert ready.w13_scale_and_zero is not None
-    assert ready.w2_packed is not None
-    assert ready.w2_scale_and_zero is not None
     mm = getattr(torch.ops.aten, _MM_OP)
     h_NH = mm(
         x_ND.contiguous(),
