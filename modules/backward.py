@@ -72,9 +72,14 @@ class _ExpertsFunction(torch.autograd.Function):
         weights: QuantizedExpertWeights = ctx.weights
         config: MoEConfig = ctx.config
         routing = Routing(topk_weights=topk_weights_TK, topk_ids=topk_ids_TK)
-        grad_x_TD, grad_w_TK = moe_backward_reference(
-            hidden_TD, weights, routing, config, grad_TD
-        )
+        with torch.no_grad():
+            grad_x_TD, grad_w_TK = moe_backward_reference(
+                hidden_TD, weights, routing, config, grad_TD
+            )
+        if torch.is_grad_enabled():  # create_graph=True
+            grad_x_TD, grad_w_TK = _NoSecondDerivative.apply_to(
+                (grad_x_TD, grad_w_TK), hidden_TD, topk_weights_TK
+            )
         need_x, need_w = ctx.needs_input_grad[:2]
         return (
             grad_x_TD if need_x else None,
@@ -82,4 +87,44 @@ class _ExpertsFunction(torch.autograd.Function):
             None,
             None,
             None,
+        )
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The layer's gradients under ``create_graph=True``: differentiating them raises.
+
+    The backward is not differentiable (reference math under ``no_grad``). Without
+    this, a second derivative would silently lack the layer's terms; with it, the
+    first derivative works and a second one through the layer raises. The layer's
+    inputs are inputs here too, so that the gradients stay connected to them.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        grad_x_TD: torch.Tensor,
+        grad_w_TK: torch.Tensor,
+        hidden_TD: torch.Tensor,
+        topk_weights_TK: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        del ctx, hidden_TD, topk_weights_TK
+        return grad_x_TD.view_as(grad_x_TD), grad_w_TK.view_as(grad_w_TK)
+
+    @staticmethod
+    def apply_to(
+        grads: tuple[torch.Tensor, torch.Tensor], *inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``grads``, as outputs of this function of ``grads`` and ``inputs``."""
+        out: tuple[torch.Tensor, torch.Tensor] = _NoSecondDerivative.apply(
+            *grads, *inputs
+        )  # type: ignore[no-untyped-call]  # torch leaves Function.apply unannotated
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        del ctx, grads
+        raise RuntimeError(
+            "Int4MoE has no second derivative: its backward (the reference math on "
+            "int4 weights) is not differentiable; a double backward through the "
+            "layer (create_graph=True, then a gradient of the gradient) is unsupported"
         )

@@ -69,6 +69,10 @@ def _forward_fake(
     topk_ids: torch.Tensor | None,
     layer: int,
 ) -> torch.Tensor:
-    """The output's shape, dtype and device: those of ``hidden_states``."""
+    """The output: ``hidden_states``'s shape, dtype and device, contiguous.
+
+    Not ``empty_like``: that keeps a strided input's strides, which the real output
+    (the backend's ``(T, D)`` rows reshaped) does not have.
+    """
     del router_logits, topk_weights, topk_ids, layer
-    return torch.empty_like(hidden_states)
+    return hidden_states.new_empty(hidden_states.shape)

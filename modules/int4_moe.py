@@ -201,7 +201,8 @@ class Int4MoE(nn.Module):
             config: layer configuration.
             scheme: int4 scheme.
             backend: `auto` or a registered backend name.
-            gate_weight: optional ``(E, D)`` router, kept in float.
+            gate_weight: optional ``(E, D)`` router, cast to ``dtype`` like the layer's
+                other float tensors (``from_quantized`` keeps a router's dtype).
             e_score_correction_bias: optional ``(E,)`` DeepSeek-style selection bias.
             dtype: scale and activation dtype; defaults to ``w13_weight.dtype`` when that
                 is fp16 or bf16, else bf16.
@@ -394,7 +395,9 @@ class Int4MoE(nn.Module):
         """
         if torch.compiler.is_compiling():
             # Dynamo cannot trace the attrs Routing nor every backend's kernels.
-            if not wants_grad(hidden_states, router_logits, topk_weights):
+            if not wants_grad(
+                hidden_states, router_logits, topk_weights, self.gate_weight
+            ):
                 out: torch.Tensor = forward_op(
                     hidden_states, router_logits, topk_weights, topk_ids,
                     self._layer_number,
@@ -429,8 +432,11 @@ class Int4MoE(nn.Module):
             expert_map=self._optional_buffer("expert_map"),
             token_shape=tuple(hidden_states.shape[:-1]),
         )
-        if hidden_TD.shape[0] == 0:
-            return torch.empty_like(hidden_states)
+        if hidden_TD.shape[0] == 0 and not wants_grad(
+            hidden_TD, routing.topk_weights
+        ):
+            # Contiguous, like every other output (and the custom op's fake).
+            return hidden_states.new_empty(hidden_states.shape)
         backend, prepared = self._ready(hidden_TD.dtype)
         out_TD = run_experts(backend, prepared, hidden_TD, routing)
         return out_TD.reshape(hidden_states.shape)

@@ -105,3 +105,43 @@ def test_run_experts_on_a_backend_with_private_weights(
     assert w.grad is not None
     torch.testing.assert_close(x.grad, expected_x, **EXACT)
     torch.testing.assert_close(w.grad, expected_w, **EXACT)
+
+
+def test_a_second_derivative_raises(generator: torch.Generator) -> None:
+    """The backward is not itself differentiable: asking for that raises, rather than
+    returning a first derivative that silently has no graph."""
+    moe = _layer(generator)
+    x = torch.randn(3, CONFIG.hidden_size, generator=generator).requires_grad_()
+    logits = torch.randn(3, CONFIG.num_experts, generator=generator)
+    out = moe(x, router_logits=logits)
+    (grad_x,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="Int4MoE has no second derivative"):
+        torch.autograd.grad(grad_x.sum(), x)
+
+
+@pytest.mark.parametrize(
+    "backend", ["cpu-int4", pytest.param("triton-w4a16", marks=INTERPRETER_ONLY)]
+)
+def test_zero_tokens_keep_the_graph(backend: str, generator: torch.Generator) -> None:
+    """An empty batch is still part of the graph, as in ``nn.Linear``: its backward
+    runs and gives empty input gradients and a zero router gradient."""
+    e, d, f = CONFIG.num_experts, CONFIG.hidden_size, CONFIG.intermediate_size
+    moe = Int4MoE.from_float(
+        w13_weight=torch.randn(e, 2 * f, d, generator=generator),
+        w2_weight=torch.randn(e, d, f, generator=generator),
+        config=CONFIG,
+        gate_weight=torch.randn(e, d, generator=generator),
+        backend=backend,
+    )
+    gate = moe.gate_weight
+    assert gate is not None
+    gate.requires_grad_()
+    x = torch.randn(2, 0, d, generator=generator).to(torch.bfloat16).requires_grad_()
+    out = moe(x)
+    assert out.shape == x.shape
+    assert out.grad_fn is not None
+    torch.autograd.backward(out.float().sum())
+    assert x.grad is not None
+    assert x.grad.shape == x.shape
+    assert gate.grad is not None
+    torch.testing.assert_close(gate.grad, torch.zeros_like(gate), **EXACT)

@@ -123,3 +123,41 @@ def test_inductor_runs_the_op(generator: torch.Generator) -> None:
         for tokens in (4, 4, 7, 0):
             x = torch.randn(tokens, 64, generator=generator)
             torch.testing.assert_close(compiled(x), moe(x), **EXACT)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+def test_inductor_takes_a_strided_input(generator: torch.Generator) -> None:
+    """A transposed (seq-first) input: the op's output is contiguous, and so is its
+    fake, which inductor checks the real output's strides against."""
+    moe = _layer(generator)
+
+    def model(h_SBD: torch.Tensor) -> torch.Tensor:
+        return moe(h_SBD.transpose(0, 1)) + 1
+
+    x = torch.randn(5, 2, 64, generator=generator)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)(x)
+        torch.testing.assert_close(compiled, model(x), **EXACT)
+        fake = torch.library.opcheck(
+            forward_op, (x.transpose(0, 1), None, None, None, moe._layer_number)
+        )
+    assert all(result == "SUCCESS" for result in fake.values())
+    assert moe(x.transpose(0, 1)).is_contiguous()
+
+
+# As in test_training_keeps_a_graph_break_and_the_backward.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_a_trainable_router_keeps_the_graph_break(generator: torch.Generator) -> None:
+    """The module's own ``gate_weight`` trained, the input frozen: compiled, the gate
+    gets the gradient it gets in eager (the op has no backward: a graph break)."""
+    moe = _layer(generator)
+    gate = moe.gate_weight
+    assert gate is not None
+    gate.requires_grad_()
+    x = torch.randn(4, 64, generator=generator)
+    (expected,) = torch.autograd.grad(moe(x).sum(), gate)
+    torch._dynamo.reset()
+    compiled = torch.compile(moe, backend="aot_eager")(x)
+    (got,) = torch.autograd.grad(compiled.sum(), gate)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
