@@ -35,6 +35,11 @@ _UNSUPPORTED: dict[str, str] = dict.fromkeys(
     "Llama-4 stores its experts as (E, D, 2F) and scales the input of its top-1 "
     "expert by a sigmoid router score, which replace_moe_blocks does not implement",
 )
+ROUTED_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+"""The ``model_type`` values whose routing ``moe_config_from_hf`` reproduces (tested
+against the models themselves in both routing modes). Another family's router may
+score with a sigmoid, add a selection bias or group experts in a way its config does
+not name: ``replace_moe_blocks(routing="model")`` runs it on the model's own router."""
 _BLOCK_ALIASES = {"mlp": "block_sparse_moe", "block_sparse_moe": "mlp"}
 """Other checkpoint name of a block: transformers >= 5 names Mixtral's
 ``block_sparse_moe`` ``mlp`` when loading; its int4 checkpoints keep the old name."""
@@ -60,19 +65,38 @@ def _require(config: Any, *names: str) -> Any:
 def moe_config_from_hf(hf_config: Any) -> MoEConfig:
     """The :class:`MoEConfig` of one sparse MoE layer of a transformers model config.
 
-    Covers Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 (sigmoid scores, grouped top-k,
-    correction bias, ``routed_scaling_factor``) and gpt-oss (``swigluoai``; its
-    softmax over the top-k logits equals a renormalized softmax).
+    Covers the ``ROUTED_FAMILIES``: Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 (sigmoid
+    scores, grouped top-k, correction bias, ``routed_scaling_factor``) and gpt-oss
+    (``swigluoai``; its softmax over the top-k logits equals a renormalized softmax).
 
     Raises:
-        ConfigError: for an activation or model type int4-moe does not implement, or
-            a config without an expert count (a dense model).
+        ConfigError: for a model type outside ``ROUTED_FAMILIES`` (its routing would
+            be a guess), an activation int4-moe does not implement, or a config
+            without an expert count (a dense model).
     """
-    cfg = (
-        hf_config.get_text_config()
-        if hasattr(hf_config, "get_text_config")
-        else hf_config
-    )
+    cfg = _text_config(hf_config)
+    config = _layer_config(cfg)  # a dense model or Llama-4 is refused first
+    model_type = str(getattr(cfg, "model_type", ""))
+    if model_type not in ROUTED_FAMILIES:
+        raise ConfigError(
+            f"model_type must be one of {ROUTED_FAMILIES} to take its routing from "
+            f"the config, got {model_type!r}; replace_moe_blocks(routing='model') "
+            "runs other families on the model's own router"
+        )
+    return config
+
+
+def _text_config(hf_config: Any) -> Any:
+    """The text model's config of a (possibly multimodal) transformers config."""
+    if hasattr(hf_config, "get_text_config"):
+        return hf_config.get_text_config()
+    return hf_config
+
+
+def _layer_config(cfg: Any) -> MoEConfig:
+    """``moe_config_from_hf`` for any family: its routing fields are guesses outside
+    ``ROUTED_FAMILIES`` (softmax unless DeepSeek-V3), so only ``routing="model"``,
+    which ignores them, may use it there."""
     model_type = str(getattr(cfg, "model_type", ""))
     if model_type in _UNSUPPORTED:
         raise ConfigError(
@@ -349,14 +373,18 @@ def replace_moe_blocks(
         The qualified names of the replaced blocks.
 
     Raises:
-        ConfigError: for a model type without support (Llama-4), a config without
-            MoE layers, or a checkpoint without the block's experts (naming each
+        ConfigError: for a model type without support (Llama-4), ``routing="config"``
+            outside ``ROUTED_FAMILIES``, a config without MoE layers, or a checkpoint without the block's experts (naming each
             prefix tried and why it failed).
     """
     hf_config = getattr(model, "config", None)
     if hf_config is None:
         raise ConfigError("model must have a transformers `config` attribute, got none")
-    config = moe_config_from_hf(hf_config)
+    config = (
+        moe_config_from_hf(hf_config)
+        if routing == "config"
+        else _layer_config(_text_config(hf_config))
+    )
     model_type = str(getattr(hf_config, "model_type", ""))
     blocks = find_moe_blocks(model)
     for name, block in blocks.items():

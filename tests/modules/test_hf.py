@@ -15,6 +15,8 @@ from torch import nn
 from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     Llama4ForCausalLM,
@@ -36,6 +38,7 @@ from core.quantize import dequantize_expert_weights
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
 from modules import Int4MoE
 from modules.hf import (
+    ROUTED_FAMILIES,
     Int4SparseMoeBlock,
     Routing,
     find_moe_blocks,
@@ -408,3 +411,45 @@ def test_replaced_model_compiles_into_one_graph(
     with torch.no_grad():
         out: torch.Tensor = compiled(ids).logits
     torch.testing.assert_close(out, _logits(model, ids), **EXACT)
+
+
+def test_another_family_runs_on_its_own_router(generator: torch.Generator) -> None:
+    """GLM-4.5 looks like the others, but routes with sigmoid scores and a selection
+    bias that its config does not name: routing from the config is refused (it would
+    be softmax, logits off by about 7e-2), the model's own router runs it."""
+    glm = Glm4MoeForCausalLM(
+        Glm4MoeConfig(
+            **COMMON,
+            **HEAD_DIM,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=0,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+        )
+    )
+    assert glm.config.model_type not in ROUTED_FAMILIES
+    with torch.no_grad():  # a bias that changes the selection, as a trained one does
+        for name, buffer in glm.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=generator))
+    message = "model_type must be one of .* got 'glm4_moe'; replace_moe_blocks"
+    with pytest.raises(ConfigError, match=message):
+        moe_config_from_hf(glm.config)
+    with pytest.raises(ConfigError, match=message):
+        replace_moe_blocks(copy.deepcopy(glm), routing="config")
+    replaced = copy.deepcopy(glm)
+    names = replace_moe_blocks(replaced, backend="reference", routing="model")
+    assert len(names) == 2
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    dequantized = copy.deepcopy(glm)
+    _load_dequantized(dequantized, replaced, names, gpt_oss=False)
+    torch.testing.assert_close(
+        _logits(replaced, ids),
+        _logits(dequantized, ids),
+        **KERNEL_VS_ORACLE[torch.float32],
+    )
