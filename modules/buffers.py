@@ -68,10 +68,11 @@ def default_expert_map(
 def check_expert_map(
     expert_map: torch.Tensor, *, num_experts: int, num_local_experts: int
 ) -> None:
-    """Raise unless ``expert_map`` is an integer ``(E,)`` of ``-1`` or local ids.
+    """Raise unless ``expert_map`` is an integer ``(E,)`` of ``-1`` or distinct local ids.
 
     Raises:
-        ShapeError: on a wrong shape or a value outside ``[-1, num_local_experts)``.
+        ShapeError: on a wrong shape, a value outside ``[-1, num_local_experts)`` or a
+            local id given to two global experts (one would run the other's weights).
         DTypeError: unless int32 or int64.
     """
     check_shape("expert_map", expert_map, (num_experts,))
@@ -86,6 +87,15 @@ def check_expert_map(
         raise ShapeError(
             f"expert_map values must be -1 or local ids in [0, {num_local_experts}), "
             f"got values in [{low}, {high}]"
+        )
+    held = expert_map[expert_map >= 0].long()
+    counts = torch.bincount(held, minlength=num_local_experts)
+    if held.numel() and int(counts.max()) > 1:
+        local = int(torch.argmax(counts))
+        shared = torch.nonzero(expert_map == local).flatten().tolist()
+        raise ShapeError(
+            "expert_map must give each local id to at most one global expert, "
+            f"got local id {local} for global experts {shared}"
         )
 
 

@@ -58,6 +58,19 @@ def test_check_expert_map_names_what_is_wrong() -> None:
         check_expert_map(
             torch.tensor([-2, 0, 0, 0, 0, 0, 0, 0]), num_experts=8, num_local_experts=4
         )
+    with pytest.raises(
+        ShapeError,
+        match=r"each local id to at most one global expert, got local id 2 for "
+        r"global experts \[1, 6\]",
+    ):
+        check_expert_map(
+            torch.tensor([-1, 2, 0, -1, 1, -1, 2, 3]),
+            num_experts=8,
+            num_local_experts=4,
+        )
+    check_expert_map(  # a held expert no global id reaches is only wasted memory
+        torch.tensor([-1, -1, 0, -1, 1, -1, 2, -1]), num_experts=8, num_local_experts=4
+    )
     check_expert_map(  # meta tensors have no values to check
         torch.empty(8, dtype=torch.int64, device="meta"),
         num_experts=8,
