@@ -48,18 +48,46 @@ def choose_qparams(
 
     Returns:
         ``QParams`` with ``scale`` ``(..., N, G)`` and, for asymmetric, uint8 zero points.
+
+    Raises:
+        ShapeError: where ``scale_dtype`` cannot hold a group's scale (overflow to inf,
+            or a nonzero group's scale rounding to 0).
     """
     grouped = _grouped(w_NK.float(), scheme)
     if not scheme.has_zero_point:
         scale = grouped.abs().amax(dim=-1) / _SYM_DIVISOR
-        return QParams(scale=scale.to(scale_dtype))
+        return QParams(scale=_stored_scale(scale, scale_dtype))
     # The range always includes 0 so the zero point is a valid code in 0..15.
     lo = grouped.amin(dim=-1).clamp(max=0.0)
     hi = grouped.amax(dim=-1).clamp(min=0.0)
-    scale = ((hi - lo) / scheme.qmax).to(scale_dtype)
+    scale = _stored_scale((hi - lo) / scheme.qmax, scale_dtype)
     safe = _safe_scale(scale)
     zero = torch.round(-lo / safe).clamp(scheme.qmin, scheme.qmax).to(torch.uint8)
     return QParams(scale=scale, zero_point=zero)
+
+
+def _stored_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
+    """float32 ``scale`` rounded to ``scale_dtype``, where that keeps every group.
+
+    Raises:
+        ShapeError: where a scale overflows ``scale_dtype`` (its weights would
+            dequantize to inf/NaN) or a nonzero group's scale rounds to 0 (its weights
+            would all become 0), e.g. weights of 1e6 or 1e-8 with fp16 scales.
+    """
+    stored = scale.to(scale_dtype)
+    if scale.is_meta or not scale.numel():
+        return stored
+    lost = torch.isinf(stored) | ((stored == 0) & (scale > 0))
+    if bool(lost.any()):
+        info = torch.finfo(scale_dtype)
+        nonzero = scale[scale > 0]
+        raise ShapeError(
+            f"weights need group scales from {info.tiny * info.eps:.3g} to "
+            f"{info.max:.3g} to be stored in scale_dtype {scale_dtype}, got scales "
+            f"from {float(nonzero.min()):.3g} to {float(nonzero.max()):.3g}; use "
+            "bfloat16 or float32 scales, or rescale the weights"
+        )
+    return stored
 
 
 def _safe_scale(scale: torch.Tensor) -> torch.Tensor:
@@ -173,7 +201,8 @@ def quantize_expert_weights(
 
     Raises:
         ShapeError: on wrong ranks, sizes that do not agree between ``w13_weight`` and
-            ``w2_weight``, sizes the group size does not divide, or NaN/inf values.
+            ``w2_weight``, sizes the group size does not divide, NaN/inf values, or
+            group scales that ``scale_dtype`` cannot hold (``choose_qparams``).
         DTypeError: when a weight is not floating.
     """
     _check_expert_shapes(w13_weight, w2_weight)

@@ -210,7 +210,8 @@ class Int4MoE(nn.Module):
             w2_bias: ``(E, D)`` expert biases of w2 (needs ``config.expert_bias``).
 
         Raises:
-            ShapeError: on wrong shapes or NaN/inf weights.
+            ShapeError: on wrong shapes, NaN/inf weights, or weights whose group
+                scales ``dtype`` cannot hold (e.g. 1e6 or 1e-8 with fp16).
             BackendUnavailableError: for a backend name that is not registered.
         """
         check_scheme(scheme, config)

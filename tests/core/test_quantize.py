@@ -232,6 +232,29 @@ def test_quantize_expert_weights_rejects_non_finite(bad: float) -> None:
         quantize_expert_weights(w13, w2, INT4_ASYM_G32)
 
 
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    ("magnitude", "scales"),
+    [(1e6, r"from 1\.\d+e\+05 to 1\.\d+e\+05"), (1e-8, r"from 1\.\d+e-09 to")],
+)
+def test_scales_the_scale_dtype_cannot_hold_are_refused(
+    scheme: Int4Scheme, magnitude: float, scales: str
+) -> None:
+    """fp16 scales overflow (weights would dequantize to inf/NaN) or flush a nonzero
+    group to 0 (its weights would vanish); bf16 holds both."""
+    w = torch.full((2, 64), magnitude)
+    w[:, ::2] = -magnitude
+    with pytest.raises(
+        ShapeError,
+        match=r"weights need group scales from 5\.96e-08 to 6\.55e\+04 to be stored in "
+        rf"scale_dtype torch\.float16, got scales {scales}",
+    ):
+        choose_qparams(w, scheme, scale_dtype=torch.float16)
+    qp = choose_qparams(w, scheme, scale_dtype=torch.bfloat16)
+    out = dequantize(quantize(w, qp, scheme), qp, scheme)
+    assert float((out - w).abs().max()) <= magnitude / 7
+
+
 def test_quantize_expert_weights_rejects_integer_weights() -> None:
     with pytest.raises(DTypeError, match="w13_weight must be a floating tensor"):
         quantize_expert_weights(
