@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from backends.registry import available_backends, is_known_backend
+from core.errors import BackendUnavailableError
 from core.scheme import Int4Scheme
 from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo
 
@@ -41,6 +43,18 @@ def _scheme(text: str) -> Int4Scheme:
         return parse_scheme(text)
     except ValueError as err:  # ConfigError and ShapeError are ValueErrors too
         raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def _backend(text: str) -> str:
+    """`auto` or a registered backend name.
+
+    Whether it runs the layer is checked by ``run_demo``, before any quantizing.
+    """
+    if not is_known_backend(text):
+        raise argparse.ArgumentTypeError(
+            f"must be `auto` or one of {', '.join(available_backends())}, got {text!r}"
+        )
+    return text
 
 
 def _device(text: str) -> str:
@@ -89,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="sym-g32",
         help="e.g. sym-g32, asym-g128, sym-g-1",
     )
-    demo.add_argument("--backend", default="auto")
+    demo.add_argument(
+        "--backend", type=_backend, default="auto", help="auto or a backend name"
+    )
     demo.add_argument(
         "--device", type=_device, default="auto", help="auto, cpu, cuda[:N], xpu[:N]"
     )
@@ -101,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     options = DemoOptions(
         model=args.model,
         tokens=args.tokens,
@@ -112,7 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         iters=args.iters,
         seed=args.seed,
     )
-    run_demo(options, sys.stdout)
+    try:
+        run_demo(options, sys.stdout)
+    except BackendUnavailableError as err:  # refused before any expert is quantized
+        parser.error(f"argument --backend: {err}")
     return 0
 
 

@@ -16,7 +16,10 @@ from typing import Final, TextIO
 import attrs
 import torch
 
+from backends.base import DeviceInfo
+from backends.registry import select_backend
 from core.config import MoEConfig
+from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_tensor
 from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
@@ -170,8 +173,21 @@ def _rel(ref: torch.Tensor, out: torch.Tensor) -> float:
 def run_demo(
     options: DemoOptions, stream: TextIO = sys.stdout
 ) -> dict[str, float | str]:
-    """Run the demo and write a report to ``stream``; returns the numbers."""
+    """Run the demo and write a report to ``stream``; returns the numbers.
+
+    Raises:
+        BackendUnavailableError: where ``options.backend`` cannot run the layer (with
+            its reason), before any expert is quantized.
+    """
     config = MODELS[options.model]
+    select_backend(  # what Int4MoE will pick, asked before the minutes of quantizing
+        config,
+        options.scheme,
+        CANONICAL_LAYOUT,
+        DeviceInfo.of(options.device),
+        dtype=options.dtype,
+        prefer=options.backend,
+    )
     progress = _progress_writer(stream)
     t0 = time.perf_counter()
     weights = quantize_streaming(config, options, progress)

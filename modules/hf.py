@@ -94,9 +94,11 @@ def _text_config(hf_config: Any) -> Any:
 
 
 def _layer_config(cfg: Any) -> MoEConfig:
-    """``moe_config_from_hf`` for any family: its routing fields are guesses outside
-    ``ROUTED_FAMILIES`` (softmax unless DeepSeek-V3), so only ``routing="model"``,
-    which ignores them, may use it there."""
+    """``moe_config_from_hf`` for any family, the family not checked.
+
+    Outside ``ROUTED_FAMILIES`` its routing fields are guesses (softmax unless
+    DeepSeek-V3), so only ``routing="model"``, which ignores them, may use it there.
+    """
     model_type = str(getattr(cfg, "model_type", ""))
     if model_type in _UNSUPPORTED:
         raise ConfigError(

@@ -433,9 +433,7 @@ class Int4MoE(nn.Module):
             expert_map=self._optional_buffer("expert_map"),
             token_shape=tuple(hidden_states.shape[:-1]),
         )
-        if hidden_TD.shape[0] == 0 and not wants_grad(
-            hidden_TD, routing.topk_weights
-        ):
+        if hidden_TD.shape[0] == 0 and not wants_grad(hidden_TD, routing.topk_weights):
             # Contiguous, like every other output (and the custom op's fake).
             return hidden_states.new_empty(hidden_states.shape)
         backend, prepared = self._ready(hidden_TD.dtype)

@@ -1,6 +1,7 @@
 """The main job (``int4-moe demo``): it runs, and its numbers are right."""
 
 import io
+import re
 
 import pytest
 import torch
@@ -126,3 +127,28 @@ def test_cli_refuses_bad_arguments_with_the_reason(
         main(["demo", "--model", "tiny", flag, value])
     assert exit_info.value.code == 2
     assert reason in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        (
+            "nope",
+            r"argument --backend: must be `auto` or one of .*cpu-int4.*, got 'nope'",
+        ),
+        # xpu-fused never runs on a CPU, whatever the environment.
+        ("xpu-fused", r"argument --backend: backend 'xpu-fused' cannot run .* on cpu"),
+    ],
+)
+def test_demo_refuses_a_backend_before_quantizing(
+    backend: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown or refusing ``--backend`` is a usage error (exit 2, the reason on
+    stderr), given before any expert is quantized, not a traceback after it."""
+    argv = ["demo", "--model", "tiny", "--device", "cpu", "--backend", backend]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err)
+    assert "quantiz" not in captured.out
