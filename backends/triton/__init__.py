@@ -30,6 +30,18 @@ from core.scheme import Int4Scheme
 from core.weights import QuantizedExpertWeights
 
 _DTYPES = (torch.bfloat16, torch.float16)
+"""The dtypes the kernels compute in."""
+_INPUT_DTYPES = (*_DTYPES, torch.float32)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels run in for ``dtype`` inputs: fp32 is rounded to bf16.
+
+    W4A16: 16-bit activations. fp32 inputs get bf16's error (a few 1e-3 relative
+    against float32 math on the same int4 weights) at the kernels' speed, as on
+    ``cpu-int4``; the ``reference`` backend is the float32 path.
+    """
+    return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
 def _common_support(
@@ -44,9 +56,10 @@ def _common_support(
             "device must be `cuda` or `xpu` (or `cpu` with TRITON_INTERPRET=1), "
             f"got {device.type!r}"
         )
-    if dtype not in _DTYPES:
+    if dtype not in _INPUT_DTYPES:
         return Support.no(
-            f"dtype must be `torch.bfloat16` or `torch.float16`, got {dtype}"
+            "dtype must be `torch.bfloat16`, `torch.float16` or `torch.float32` "
+            f"(computed in bf16), got {dtype}"
         )
     if layout != CANONICAL_LAYOUT:
         return Support.no(f"layout must be the canonical layout, got {layout}")
@@ -117,7 +130,10 @@ class TritonW4A16Backend:
         *,
         dtype: torch.dtype,
     ) -> Support:
-        """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
+        """CUDA or XPU (Intel's Triton), bf16/fp16/fp32, canonical layout.
+
+        The CPU in Triton's interpreter by name only.
+        """
         del scheme
         return _common_support(config, layout, device, dtype)
 
@@ -137,9 +153,14 @@ class TritonW4A16Backend:
     def apply(
         self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
     ) -> torch.Tensor:
-        """``(T, D)`` output in the dtype of ``hidden_TD``; no host synchronization."""
+        """``(T, D)`` output in the dtype of ``hidden_TD``; no host synchronization.
+
+        fp32 inputs run in bf16 (``compute_dtype``).
+        """
         ready = check_prepared(prepared, TritonW4A16Prepared, self.name)
-        return fused_moe(hidden_TD, ready.w13, ready.w2, routing, ready.config)
+        x_TD = hidden_TD.to(compute_dtype(hidden_TD.dtype))
+        out_TD = fused_moe(x_TD, ready.w13, ready.w2, routing, ready.config)
+        return out_TD.to(hidden_TD.dtype)
 
 
 @final
@@ -204,18 +225,27 @@ class TritonEmulationBackend:
         *,
         dtype: torch.dtype,
     ) -> Support:
-        """CUDA or XPU (Intel's Triton), bf16/fp16, canonical layout; CPU interpreter by name."""
+        """CUDA or XPU (Intel's Triton), bf16/fp16/fp32, canonical layout.
+
+        The CPU in Triton's interpreter by name only.
+        """
         del scheme
         return _common_support(config, layout, device, dtype)
 
     def prepare(
         self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
     ) -> TritonEmulationPrepared:
-        """Dequantize every expert to ``dtype`` (warns about the memory it takes)."""
+        """Dequantize every expert to ``compute_dtype(dtype)``.
+
+        Warns about the memory that takes (``EmulationMemoryWarning``).
+        """
+        sixteen_bit = compute_dtype(dtype)
         warnings.warn(
-            _MEMORY_WARNING.format(dtype=dtype), EmulationMemoryWarning, stacklevel=2
+            _MEMORY_WARNING.format(dtype=sixteen_bit),
+            EmulationMemoryWarning,
+            stacklevel=2,
         )
-        w13, w2 = _dequantize_per_expert(weights, dtype)
+        w13, w2 = _dequantize_per_expert(weights, sixteen_bit)
         return TritonEmulationPrepared(
             weights=weights,
             config=config,
@@ -239,4 +269,6 @@ class TritonEmulationBackend:
                     f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
                     f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
                 )
-        return fused_moe(hidden_TD, ready.w13, ready.w2, routing, ready.config)
+        x_TD = hidden_TD.to(compute_dtype(hidden_TD.dtype))
+        out_TD = fused_moe(x_TD, ready.w13, ready.w2, routing, ready.config)
+        return out_TD.to(hidden_TD.dtype)

@@ -45,10 +45,8 @@ ACTIVATIONS: list[Activation] = ["silu", "gelu", "gelu_tanh", "swigluoai"]
 # conftest.py turns the interpreter on wherever no CUDA device exists; with CUDA the
 # Triton backends compile for the GPU and refuse a CPU device.
 _TRITON_ON_CPU: Final = os.environ.get("TRITON_INTERPRET") == "1"
-_TRITON_REFUSALS: Final = (
-    {torch.float32: r"dtype must be `torch\.bfloat16` or `torch\.float16`"}
-    if _TRITON_ON_CPU
-    else dict.fromkeys(DTYPES, r"device must be `cuda` or `xpu`")
+_TRITON_REFUSALS: Final[dict[torch.dtype, str]] = (
+    {} if _TRITON_ON_CPU else dict.fromkeys(DTYPES, r"device must be `cuda` or `xpu`")
 )
 CPU_REFUSALS: Final[dict[str, dict[torch.dtype, str]]] = {
     "reference": {},  # every scheme, dtype and option on any device
@@ -64,6 +62,8 @@ No backend may refuse a scheme of ``SCHEMES``, a shape of ``SHAPES`` or an optio
 
 COMPUTES_IN: Final[dict[str, dict[torch.dtype, torch.dtype]]] = {
     "cpu-int4": dict.fromkeys(DTYPES, torch.bfloat16),  # cpu_int4.KERNEL_DTYPE
+    "triton-w4a16": {torch.float32: torch.bfloat16},  # triton.compute_dtype
+    "triton-emulation": {torch.float32: torch.bfloat16},
 }
 """Backend -> {input dtype: the dtype its GEMMs run in}, where the two differ: the
 error bound (``REL_L2_VS_ORACLE``) is that of the dtype the math runs in."""

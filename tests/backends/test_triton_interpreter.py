@@ -185,7 +185,8 @@ def test_supports_refusals(name: BackendName) -> None:
         "device must be `cuda` or `xpu`"
         in ask(DeviceInfo(type="other"), torch.bfloat16).reason
     )
-    assert "dtype must be" in ask(DeviceInfo(type="cuda"), torch.float32).reason
+    assert ask(DeviceInfo(type="cuda"), torch.float32) == Support.yes()  # run in bf16
+    assert "dtype must be" in ask(DeviceInfo(type="cuda"), torch.float64).reason
     auto = select_backend(
         config, scheme, CANONICAL_LAYOUT, DeviceInfo(type="cpu"), dtype=torch.bfloat16
     )
@@ -223,3 +224,20 @@ def test_apply_rejects_other_backends_prepared(generator: torch.Generator) -> No
     routing = route_topk(torch.randn(2, E, generator=generator), tiny_config())
     with pytest.raises(TypeError, match="triton-w4a16"):
         TritonW4A16Backend().apply(hidden_TD, prepared, routing)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_fp32_inputs_run_in_bf16(name: BackendName, generator: torch.Generator) -> None:
+    """fp32 inputs are rounded to bf16 and the bf16 output converted back: exactly the
+    bf16 path's result (checked against the oracle by the tests above), in fp32, and
+    within bf16's relative error of the float32 oracle on the unrounded input."""
+    config, scheme = tiny_config(), SCHEMES[0]
+    weights = weights_for(scheme, torch.bfloat16, generator)
+    hidden_TD = torch.randn(5, D, generator=generator)
+    routing = route_topk(torch.randn(5, E, generator=generator), config)
+    actual = _run(name, weights, hidden_TD, routing, config)
+    assert actual.dtype == torch.float32
+    as_bf16 = _run(name, weights, hidden_TD.to(torch.bfloat16), routing, config)
+    torch.testing.assert_close(actual, as_bf16.float(), rtol=0.0, atol=0.0)
+    expected = moe_forward_reference(hidden_TD, weights, routing, config)
+    assert rel_l2(expected, actual) < REL_L2_VS_ORACLE[torch.bfloat16]
