@@ -42,8 +42,8 @@ bf16 path, slower than dequantizing the expert for a float32 GEMM (bench/RESULTS
 So fp16 and fp32 inputs are rounded to bf16 on the way in, and the output (accumulated
 in float32) is converted back: the error against float32 math on the same int4 weights
 is that of bf16 inputs (about 4e-3 relative L2 on a Qwen3-30B-A3B layer, some 40x
-below int4's own rounding error), at 25-40x the speed of that float32 math. The
-``reference`` backend is the float32 math throughout."""
+below int4's own rounding error), 12-22x faster than that float32 math at M <= 64
+(bench/RESULTS_CPU.md). The ``reference`` backend is the float32 math throughout."""
 _SYM_OFFSET: Final = 8
 # innerKTiles matters only to the CUDA packer; the CPU packer ignores it (the bytes are
 # identical for 1, 2, 4 and 8 on torch 2.13), so any valid value will do.
