@@ -37,8 +37,9 @@ ACTIVATION_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
 KERNEL_DTYPE: Final = torch.bfloat16
 """The dtype the GEMMs run in, whatever the input's (W4A16: 16-bit activations).
 
-On torch 2.13 the kernel's fp16 and fp32 paths took 50-170x longer per GEMM than its
-bf16 path, slower than dequantizing the expert for a float32 GEMM (bench/RESULTS_CPU.md).
+On torch 2.13 the kernel's own fp16 and fp32 paths are slow: with fp32 a layer took
+35-57x as long as with bf16 at M = 1 and 16, longer than dequantizing the experts for
+float32 GEMMs from M = 16 on (bench/RESULTS_CPU.md).
 So fp16 and fp32 inputs are rounded to bf16 on the way in, and the output (accumulated
 in float32) is converted back: the error against float32 math on the same int4 weights
 is that of bf16 inputs (about 4e-3 relative L2 on a Qwen3-30B-A3B layer, some 40x

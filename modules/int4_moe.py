@@ -204,8 +204,9 @@ class Int4MoE(nn.Module):
             gate_weight: optional ``(E, D)`` router, cast to ``dtype`` like the layer's
                 other float tensors (``from_quantized`` keeps a router's dtype).
             e_score_correction_bias: optional ``(E,)`` DeepSeek-style selection bias.
-            dtype: scale and activation dtype; defaults to ``w13_weight.dtype`` when that
-                is fp16 or bf16, else bf16.
+            dtype: dtype of the scales, biases and router (inputs of any float dtype
+                are accepted); defaults to ``w13_weight.dtype`` when that is fp16 or
+                bf16, else bf16.
             w13_bias: ``(E, 2F)`` expert biases of w13 (needs ``config.expert_bias``).
             w2_bias: ``(E, D)`` expert biases of w2 (needs ``config.expert_bias``).
 
