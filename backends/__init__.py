@@ -6,6 +6,7 @@ from backends.base import (
     MoEBackend as MoEBackend,
     PreparedExperts as PreparedExperts,
     Support as Support,
+    check_prepared as check_prepared,
 )
 from backends.builtin import register_builtin_backends
 from backends.registry import (
@@ -13,6 +14,7 @@ from backends.registry import (
     create_backend as create_backend,
     register_backend as register_backend,
     select_backend as select_backend,
+    unregister_backend as unregister_backend,
 )
 
 register_builtin_backends()

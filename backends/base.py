@@ -4,12 +4,13 @@ May import core; heavy or optional packages only inside functions.
 Shape legend: ``T`` tokens, ``D`` hidden size.
 """
 
-from typing import Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import torch
 
 from core.config import MoEConfig
+from core.errors import PreparedTypeError
 from core.layout import WeightLayout
 from core.routing import Routing
 from core.scheme import Int4Scheme
@@ -111,15 +112,21 @@ P = TypeVar("P", bound=PreparedExperts)
 
 
 def check_prepared(prepared: PreparedExperts, cls: type[P], backend: str) -> P:
-    """Return ``prepared`` as ``cls`` or raise ``TypeError`` naming both backends."""
+    """Return ``prepared`` as ``cls`` for backend ``backend``'s ``apply``.
+
+    Raises:
+        PreparedTypeError: (a ``TypeError``) naming the backend and both types, for the
+            prepared form of another backend.
+    """
     if not isinstance(prepared, cls):
-        raise TypeError(
+        raise PreparedTypeError(
             f"prepared must come from backend {backend!r}.prepare "
             f"({cls.__name__}), got {type(prepared).__name__}"
         )
     return prepared
 
 
+@runtime_checkable
 class MoEBackend(Protocol):
     """Runs the expert math for ``Int4MoE``. Structural: no inheritance needed.
 

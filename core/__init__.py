@@ -4,7 +4,13 @@ Pure: imports only the standard library, torch and attrs.
 """
 
 from core.activation import apply_activation as apply_activation
-from core.config import MoEConfig as MoEConfig
+from core.config import (
+    ACTIVATIONS as ACTIVATIONS,
+    SCORING_FUNCS as SCORING_FUNCS,
+    Activation as Activation,
+    MoEConfig as MoEConfig,
+    ScoringFunc as ScoringFunc,
+)
 from core.errors import (
     BackendUnavailableError as BackendUnavailableError,
     ConfigError as ConfigError,
@@ -12,6 +18,7 @@ from core.errors import (
     DeviceError as DeviceError,
     DTypeError as DTypeError,
     Int4MoEError as Int4MoEError,
+    PreparedTypeError as PreparedTypeError,
     ShapeError as ShapeError,
 )
 from core.layout import (

@@ -38,3 +38,7 @@ class BackendUnavailableError(Int4MoEError, RuntimeError):
 
 class DeviceError(Int4MoEError, ValueError):
     """Tensors that must share a device do not."""
+
+
+class PreparedTypeError(Int4MoEError, TypeError):
+    """A backend was handed the prepared form of another backend (``check_prepared``)."""

@@ -1,12 +1,14 @@
 """Weight layouts: how int4 codes, scales and zero points are laid out in memory.
 
-Pure metadata. Imports only stdlib and attrs.
+Pure metadata. Imports only stdlib, attrs and ``core.errors``.
 """
 
 import enum
 from typing import Final
 
 import attrs
+
+from core.errors import ConfigError, ConfigTypeError
 
 
 class PackingFormat(str, enum.Enum):
@@ -20,9 +22,25 @@ class PackingFormat(str, enum.Enum):
     unpacked uint8 codes ``(E, N, K/G)``."""
 
 
+def _packing(value: "PackingFormat | str") -> "PackingFormat":
+    """``value`` as a ``PackingFormat`` (a member or its string value)."""
+    try:
+        return PackingFormat(value)
+    except ValueError:
+        names = ", ".join(f"`{p.value}`" for p in PackingFormat)
+        raise ConfigError(f"packing must be one of {names}, got {value!r}") from None
+
+
+def _bool(_inst: object, attribute: "attrs.Attribute[bool]", value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigTypeError(
+            f"{attribute.name} must be a bool, got {type(value).__name__} {value!r}"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class WeightLayout:
-    """The layout of the expert weights held by ``Int4MoE`` (FORMATS.md section 2).
+    """The layout of the expert weights held by ``Int4MoE`` (README: canonical layout).
 
     Attributes:
         packing: how two int4 codes share one byte.
@@ -30,11 +48,9 @@ class WeightLayout:
     """
 
     packing: PackingFormat = attrs.field(
-        default=PackingFormat.UINT8_LOW_FIRST, converter=PackingFormat
+        default=PackingFormat.UINT8_LOW_FIRST, converter=_packing
     )
-    w13_gate_up_halves: bool = attrs.field(
-        default=True, validator=attrs.validators.instance_of(bool)
-    )
+    w13_gate_up_halves: bool = attrs.field(default=True, validator=_bool)
 
 
 CANONICAL_LAYOUT: Final = WeightLayout()

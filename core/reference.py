@@ -10,6 +10,7 @@ from core.activation import apply_activation
 from core.config import MoEConfig
 from core.quantize import dequantize_expert
 from core.routing import Routing, sort_tokens_by_expert
+from core.validate import check_local_ids
 from core.weights import QuantizedExpertWeights
 
 
@@ -32,6 +33,9 @@ def moe_forward_reference(
 
     Returns:
         ``(T, D)`` in the dtype of ``hidden_TD``.
+
+    Raises:
+        DTypeError / ShapeError: for ids that are not integers in ``[-1, E)``.
     """
     t, k = routing.topk_ids.shape
     out_TD = torch.zeros(
@@ -94,7 +98,12 @@ def moe_backward_reference(
 
 
 def _routed_pairs(routing: Routing, num_experts: int) -> list[tuple[int, torch.Tensor]]:
-    """``(expert, pairs)`` for each expert that received pairs, ``pairs`` flat ids."""
+    """``(expert, pairs)`` for each expert that received pairs, ``pairs`` flat ids.
+
+    Raises:
+        DTypeError / ShapeError: for ids that are not integers in ``[-1, E)``.
+    """
+    check_local_ids(routing.topk_ids, num_experts)
     order_N, counts_E = sort_tokens_by_expert(routing.topk_ids, num_experts)
     out: list[tuple[int, torch.Tensor]] = []
     start = 0

@@ -87,7 +87,7 @@ def route_topk(
     *,
     correction_bias: torch.Tensor | None = None,
 ) -> Routing:
-    """Top-k routing with every option of ``config`` (FORMATS.md section 5).
+    """Top-k routing with every option of ``config`` (README: routing options).
 
     Experts are chosen on ``scores + correction_bias`` (restricted to the best groups
     when grouped top-k is configured); the weights come from the unbiased scores,

@@ -92,7 +92,10 @@ def _check_scale(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> 
 def check_expert_weights(
     weights: QuantizedExpertWeights, config: MoEConfig, *, num_experts: int
 ) -> None:
-    """Every canonical tensor has the right dtype, shape and device (FORMATS.md 2)."""
+    """Every canonical tensor has the right dtype, shape and device.
+
+    The layout is the README's "Schemes and the canonical layout".
+    """
     scheme = weights.scheme
     check_scheme(scheme, config)
     e, f, d = num_experts, config.intermediate_size, config.hidden_size
@@ -161,4 +164,23 @@ def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> No
         raise ShapeError(
             f"topk_ids must be in [0, num_experts={config.num_experts}), got values in "
             f"[{int(ids.min())}, {int(ids.max())}]"
+        )
+
+
+def check_local_ids(topk_ids: torch.Tensor, num_local_experts: int) -> None:
+    """Integer ``topk_ids`` of local experts: ``-1`` (held elsewhere) or ``[0, E)``.
+
+    Raises:
+        DTypeError: unless int32 or int64.
+        ShapeError: for a value outside ``[-1, num_local_experts)`` (say, a global id
+            handed to the weights of one rank).
+    """
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise DTypeError(f"topk_ids must be int32 or int64, got dtype {topk_ids.dtype}")
+    if topk_ids.numel() and (
+        int(topk_ids.min()) < -1 or int(topk_ids.max()) >= num_local_experts
+    ):
+        raise ShapeError(
+            f"topk_ids must be -1 or local expert ids in [0, {num_local_experts}), got "
+            f"values in [{int(topk_ids.min())}, {int(topk_ids.max())}]"
         )

@@ -26,7 +26,7 @@ class QParams:
 
 @attrs.frozen(kw_only=True, eq=False)
 class QuantizedExpertWeights:
-    """All experts of one MoE layer in the canonical int4 layout (FORMATS.md section 2).
+    """All experts of one MoE layer in the canonical int4 layout (see the README).
 
     Attributes:
         w13_qdata: uint8 ``(E, 2F, D/2)``; gate rows ``[0:F]``, up rows ``[F:2F]``.

@@ -1,4 +1,4 @@
-"""Names, shapes and dtypes of Int4MoE's canonical buffers (FORMATS.md section 2).
+"""Names, shapes and dtypes of Int4MoE's canonical buffers (see the README's layout).
 
 May import core only.
 """

@@ -27,7 +27,6 @@ from core.formats import (
 )
 from core.formats.options import (
     SUFFIXES,
-    CheckpointFormat,
     FormatOptions,
     import_projection,
     parse_quantization_config,
@@ -144,6 +143,18 @@ def _join(*parts: str) -> str:
     return ".".join(p for p in parts if p)
 
 
+def _missing_experts(base: str, names: Iterable[str]) -> str:
+    """Why no experts were found under ``base``, with the prefixes that have some."""
+    found = sorted({n.split(".experts.")[0] for n in names if ".experts." in n})
+    where = (
+        f"; experts are under the prefixes {found[:4]}"
+        + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        if found
+        else "; it has no `.experts.` tensors"
+    )
+    return f"no tensors under {base!r} in the checkpoint{where}"
+
+
 def _plan(rel_names: set[str], num_experts: int) -> dict[str, list[str]]:
     """Role (`gate`, `up`, `gate_up`, `down`) to projection keys under ``experts.``."""
     matches = [m for n in rel_names if (m := _PER_EXPERT.match(n))]
@@ -217,7 +228,7 @@ def load_experts(
     *,
     prefix: str,
     config: MoEConfig,
-    format: CheckpointFormat = "auto",
+    format: str = "auto",
     quantization_config: Mapping[str, object] | None = None,
     device: torch.device | str = "cpu",
 ) -> LoadedExperts:
@@ -248,10 +259,10 @@ def load_experts(
     src = _open_source(source, device)
     if quantization_config is None:
         quantization_config = read_quantization_config(source)
-    base = _join(prefix, "experts") + "."
+    base = _join(prefix.rstrip("."), "experts") + "."
     rel = {n[len(base) :] for n in src.names if n.startswith(base)}
     if not rel:
-        raise ConfigError(f"no tensors under {base!r} in the checkpoint")
+        raise ConfigError(f"prefix {prefix!r}: " + _missing_experts(base, src.names))
     plan = _plan(rel, config.num_experts)
     modules = [base + key for keys in plan.values() for key in keys]
     opts = parse_quantization_config(
@@ -330,7 +341,7 @@ def from_checkpoint(
     *,
     prefix: str,
     config: MoEConfig,
-    format: CheckpointFormat = "auto",
+    format: str = "auto",
     quantization_config: Mapping[str, object] | None = None,
     backend: str = "auto",
     device: torch.device | str = "cpu",
@@ -340,19 +351,14 @@ def from_checkpoint(
 
     Arguments as :func:`load_experts`; ``backend`` as ``Int4MoE``. The router
     (``<prefix>.gate.weight``) and DeepSeek-V3's correction bias are loaded when present.
+    ``module_cls.from_checkpoint`` (which this calls) keeps a subclass's type.
     """
-    loaded = load_experts(
+    return module_cls.from_checkpoint(
         source,
         prefix=prefix,
         config=config,
         format=format,
         quantization_config=quantization_config,
-        device=device,
-    )
-    return module_cls.from_quantized(
-        loaded.weights,
-        config=config,
         backend=backend,
-        gate_weight=loaded.gate_weight,
-        e_score_correction_bias=loaded.e_score_correction_bias,
+        device=device,
     )

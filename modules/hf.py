@@ -8,7 +8,7 @@ May import core and modules. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` exp
 """
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import torch
 from torch import nn
@@ -19,7 +19,8 @@ from core.scheme import INT4_SYM_G32, Int4Scheme
 from modules.checkpoint import LoadedExperts, Source, load_experts
 from modules.int4_moe import Int4MoE
 
-Routing: TypeAlias = Literal["model", "config"]
+RoutingMode: TypeAlias = Literal["model", "config"]
+"""Where an ``Int4SparseMoeBlock`` takes its top-k from (see its ``routing``)."""
 
 _ACTIVATIONS: dict[str, Activation] = {
     "silu": "silu",
@@ -163,7 +164,7 @@ class Int4SparseMoeBlock(nn.Module):
         router_name: str,
         experts: Int4MoE,
         shared: Mapping[str, nn.Module],
-        routing: Routing = "model",
+        routing: RoutingMode = "model",
         returns_router_scores: bool = False,
     ) -> None:
         super().__init__()
@@ -177,6 +178,14 @@ class Int4SparseMoeBlock(nn.Module):
         self.shared_names = tuple(n for n in shared if n != "shared_expert_gate")
         self.routing = routing
         self.returns_router_scores = returns_router_scores
+
+    if TYPE_CHECKING:
+
+        def __call__(
+            self, hidden_states: torch.Tensor
+        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            """Typed twin of ``forward`` so strict mypy sees its result type."""
+            ...
 
     def forward(
         self, hidden_states: torch.Tensor
@@ -350,7 +359,7 @@ def replace_moe_blocks(
     *,
     scheme: Int4Scheme = INT4_SYM_G32,
     backend: str = "auto",
-    routing: Routing = "model",
+    routing: RoutingMode = "model",
     checkpoint: Source | None = None,
     quantization_config: Mapping[str, object] | None = None,
 ) -> list[str]:

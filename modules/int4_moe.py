@@ -8,7 +8,7 @@ May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` ex
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -41,6 +41,9 @@ from modules.buffers import (
 )
 from modules.custom_op import forward_op, register_layer
 from modules.prepared import PreparedCache
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is 3.11+; torch needs this package
 
 
 class Int4MoE(nn.Module):
@@ -75,6 +78,17 @@ class Int4MoE(nn.Module):
     Raises:
         BackendUnavailableError: for a backend name that is not registered.
     """
+
+    # What strict checkers see (nn.Module's __getattr__ says ``Tensor | Module``).
+    # Zero points and expert biases are buffers only where the scheme or config has
+    # them; ``weights`` gives every one, ``None`` where absent.
+    w13_qdata: torch.Tensor
+    w13_scale: torch.Tensor
+    w2_qdata: torch.Tensor
+    w2_scale: torch.Tensor
+    gate_weight: nn.Parameter | None
+    e_score_correction_bias: torch.Tensor | None
+    expert_map: torch.Tensor | None
 
     def __init__(
         self,
@@ -147,7 +161,7 @@ class Int4MoE(nn.Module):
         gate_weight: torch.Tensor | None = None,
         e_score_correction_bias: torch.Tensor | None = None,
         expert_map: torch.Tensor | None = None,
-    ) -> "Int4MoE":
+    ) -> "Self":
         """Wrap weights already in the canonical layout, without copying them.
 
         Args:
@@ -192,7 +206,7 @@ class Int4MoE(nn.Module):
         dtype: torch.dtype | None = None,
         w13_bias: torch.Tensor | None = None,
         w2_bias: torch.Tensor | None = None,
-    ) -> "Int4MoE":
+    ) -> "Self":
         """Quantize float experts (round to nearest) and build the module.
 
         Args:
@@ -241,11 +255,11 @@ class Int4MoE(nn.Module):
         *,
         prefix: str,
         config: MoEConfig,
-        format: Literal["auto", "gptq", "awq", "compressed-tensors"] = "auto",
+        format: str = "auto",
         quantization_config: Mapping[str, object] | None = None,
         backend: str = "auto",
         device: torch.device | str = "cpu",
-    ) -> "Int4MoE":
+    ) -> "Self":
         """Read one MoE layer from GPTQ, AWQ or compressed-tensors files or a state dict.
 
         Args:
@@ -254,7 +268,9 @@ class Int4MoE(nn.Module):
             prefix: the layer's tensor-name prefix, e.g.
                 ``model.layers.0.block_sparse_moe``.
             config: layer configuration; sizes must match the checkpoint.
-            format: `auto` detects it from ``quantization_config`` and tensor names.
+            format: `auto` detects it from ``quantization_config`` and tensor names;
+                or `gptq`, `awq`, `compressed-tensors` (case and ``_``/``-`` ignored;
+                anything else raises ``ConfigError``).
             quantization_config: the model's ``quantization_config``; read from the
                 ``config.json`` beside the files when not given.
             backend: `auto` or a registered backend name.
@@ -265,19 +281,22 @@ class Int4MoE(nn.Module):
 
         See ``modules.checkpoint.load_experts``; only this layer's tensors are read.
         """
-        from modules.checkpoint import (
-            from_checkpoint,
-        )  # modules.checkpoint imports this module
+        from modules.checkpoint import load_experts  # it imports this module
 
-        return from_checkpoint(
+        loaded = load_experts(
             source,
             prefix=prefix,
             config=config,
             format=format,
             quantization_config=quantization_config,
-            backend=backend,
             device=device,
-            module_cls=cls,
+        )
+        return cls.from_quantized(
+            loaded.weights,
+            config=config,
+            backend=backend,
+            gate_weight=loaded.gate_weight,
+            e_score_correction_bias=loaded.e_score_correction_bias,
         )
 
     def _adopt(

@@ -15,7 +15,7 @@ from core.config import MoEConfig
 
 @attrs.frozen(kw_only=True, eq=False)
 class ProviderWeights:
-    """Private, contiguous copies of the canonical int4 tensors (FORMATS.md section 2).
+    """Private, contiguous copies of the canonical int4 tensors (see the README).
 
     A provider owns these tensors: upstream kernels rewrite their weights in place, so
     they must never alias the module's buffers.

@@ -1,6 +1,6 @@
 """Checkpoint formats: pure importers to the canonical int4 layout, and an exporter.
 
-GPTQ, AWQ and compressed-tensors ``pack_quantized`` (FORMATS.md section 3); every
+GPTQ, AWQ and compressed-tensors ``pack_quantized`` (README: checkpoints); every
 conversion is exact: dequantizing the result equals the format's own dequantization.
 Imports only torch, attrs and core.
 """

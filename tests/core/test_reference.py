@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from core.config import Activation, MoEConfig
+from core.errors import DTypeError, ShapeError
 from core.quantize import quantize_expert_weights
 from core.reference import moe_backward_reference, moe_forward_reference
 from core.routing import Routing, route_topk
@@ -186,6 +187,40 @@ def test_reference_ids_of_minus_one_contribute_zero(generator: torch.Generator) 
     expected = dense_moe_f64(x, w13, w2, tw, ids, config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32] * 10
     torch.testing.assert_close(out[1], torch.zeros(64), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "message"),
+    [
+        (
+            torch.tensor([[0, 4], [1, 2]]),
+            ShapeError,
+            r"topk_ids must be -1 or local expert ids in \[0, 4\), got values in \[0, 4\]",
+        ),
+        (
+            torch.tensor([[0, -2], [1, 2]]),
+            ShapeError,
+            r"got values in \[-2, 2\]",
+        ),
+        (
+            torch.tensor([[0.0, 1.0], [1.0, 2.0]]),
+            DTypeError,
+            r"topk_ids must be int32 or int64, got dtype torch\.float32",
+        ),
+    ],
+)
+def test_reference_refuses_ids_it_cannot_hold(
+    ids: torch.Tensor, error: type[Exception], message: str, generator: torch.Generator
+) -> None:
+    """Global ids handed to one rank's weights, or float ids, raise (they gave zeros)."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    routing = Routing(topk_weights=torch.rand(2, 2, generator=generator), topk_ids=ids)
+    x = torch.randn(2, 64, generator=generator)
+    with pytest.raises(error, match=message):
+        moe_forward_reference(x, weights, routing, config)
+    with pytest.raises(error, match=message):
+        moe_backward_reference(x, weights, routing, config, torch.ones_like(x))
 
 
 def test_reference_expert_biases(generator: torch.Generator) -> None:

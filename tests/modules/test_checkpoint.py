@@ -280,8 +280,15 @@ def test_formats_that_disagree_or_are_not_int4_are_refused(
             config=CFG,
             quantization_config={"quant_method": "awq", "version": "gemv"},
         )
-    with pytest.raises(ConfigError, match="no tensors under"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"prefix 'model.layers.9.mlp': no tensors under "
+        rf"'model.layers.9.mlp.experts.' in the checkpoint; experts are under the "
+        rf"prefixes \['{PREFIX}'\]",
+    ):
         load_experts(state, prefix="model.layers.9.mlp", config=CFG)
+    same = load_experts(state, prefix=PREFIX + ".", config=CFG)  # a trailing dot
+    _same(load_experts(state, prefix=PREFIX, config=CFG).weights, same.weights)
 
 
 def _weights_args(
@@ -338,11 +345,11 @@ def test_mixed_config_groups_read_the_experts_group(
 def test_format_names_are_checked_and_normalised(generator: torch.Generator) -> None:
     w = _weights(generator, INT4_SYM_G32)
     for name in ("compressed_tensors", "Compressed-Tensors"):
-        loaded = load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format=name)  # type: ignore[arg-type]
+        loaded = load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format=name)
         assert loaded.format == "compressed-tensors"
         _same(w, loaded.weights)
     with pytest.raises(ConfigError, match=r"format must be `auto`.* got 'gptq_v2'"):
-        load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format="gptq_v2")  # type: ignore[arg-type]
+        load_experts(_ct_state(w), prefix=PREFIX, config=CFG, format="gptq_v2")
 
 
 def test_files_without_safetensors_say_what_to_install(

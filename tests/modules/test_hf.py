@@ -40,7 +40,7 @@ from modules import Int4MoE
 from modules.hf import (
     ROUTED_FAMILIES,
     Int4SparseMoeBlock,
-    Routing,
+    RoutingMode,
     find_moe_blocks,
     moe_config_from_hf,
     replace_moe_blocks,
@@ -137,7 +137,7 @@ MODELS: dict[str, Callable[[], PreTrainedModel]] = {
 }
 
 
-ROUTINGS: list[Routing] = ["model", "config"]
+ROUTINGS: list[RoutingMode] = ["model", "config"]
 
 
 def _build(name: str) -> PreTrainedModel:
@@ -188,7 +188,7 @@ def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_replaced_model_matches_original(
-    name: str, routing: Routing, generator: torch.Generator
+    name: str, routing: RoutingMode, generator: torch.Generator
 ) -> None:
     original = _build(name)
     ids = torch.randint(0, 64, (2, 7), generator=generator)
@@ -321,8 +321,9 @@ def test_checkpoint_without_the_block_names_each_prefix_tried() -> None:
     with pytest.raises(
         ConfigError,
         match=r"block 'model.layers.0.mlp', got for each prefix: 'model.layers.0.mlp': "
-        r"no tensors under 'model.layers.0.mlp.experts.' in the checkpoint; "
-        r"'model.layers.0.block_sparse_moe': no tensors under",
+        r"prefix 'model.layers.0.mlp': no tensors under 'model.layers.0.mlp.experts.' "
+        r"in the checkpoint; it has no `.experts.` tensors; "
+        r"'model.layers.0.block_sparse_moe': prefix",
     ):
         replace_moe_blocks(_build("mixtral"), checkpoint={"x": torch.zeros(1)})
 
@@ -370,7 +371,7 @@ def test_models_without_support_are_refused_by_name() -> None:
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_gradients_match_the_float_model(
-    name: str, routing: Routing, generator: torch.Generator
+    name: str, routing: RoutingMode, generator: torch.Generator
 ) -> None:
     """Fine-tuning through replaced blocks: every trainable parameter (embeddings,
     attention, routers, shared experts) gets the gradient that the original model

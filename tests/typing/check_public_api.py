@@ -3,11 +3,22 @@
 import torch
 from typing_extensions import assert_type
 
-from backends import DeviceInfo, MoEBackend, Support, available_backends, select_backend
+from backends import (
+    DeviceInfo,
+    MoEBackend,
+    Support,
+    available_backends,
+    check_prepared,
+    create_backend,
+    select_backend,
+)
+from backends.reference import ReferencePrepared
 from core import (
+    ACTIVATIONS,
     CANONICAL_LAYOUT,
     INT4_ASYM_G32,
     INT4_SYM_G32,
+    Activation,
     MoEConfig,
     QuantizedExpertWeights,
     Routing,
@@ -18,7 +29,11 @@ from core import (
     route_topk,
     unpack_int4,
 )
-from modules import Int4MoE
+from modules import Int4MoE, Int4SparseMoeBlock, RoutingMode, from_checkpoint
+
+
+class ScaledMoE(Int4MoE):
+    """A user's subclass: the named constructors keep its type."""
 
 
 def check() -> None:
@@ -58,3 +73,40 @@ def check() -> None:
     )
     assert_type(available_backends(), tuple[str, ...])
     assert_type(moe.backend_name, str | None)
+
+    assert_type(moe.w13_qdata, torch.Tensor)
+    assert_type(moe.w2_scale, torch.Tensor)
+    assert_type(moe.expert_map, torch.Tensor | None)
+    assert_type(moe.gate_weight, torch.nn.Parameter | None)
+    scaled = ScaledMoE.from_float(w13_weight=w13, w2_weight=w2, config=cfg)
+    assert_type(scaled, ScaledMoE)
+    assert_type(ScaledMoE.from_quantized(q, config=cfg), ScaledMoE)
+    fmt: str = "Compressed_Tensors"  # any spelling; checked at run time
+    assert_type(
+        ScaledMoE.from_checkpoint({}, prefix="p", config=cfg, format=fmt), ScaledMoE
+    )
+    assert_type(from_checkpoint({}, prefix="p", config=cfg, format=fmt), Int4MoE)
+    activation: Activation = ACTIVATIONS[0]
+    assert_type(
+        MoEConfig(
+            num_experts=8,
+            top_k=2,
+            hidden_size=64,
+            intermediate_size=32,
+            activation=activation,
+        ),
+        MoEConfig,
+    )
+    reference = create_backend("reference")
+    assert isinstance(reference, MoEBackend)  # a runtime-checkable Protocol
+    prepared = reference.prepare(q, cfg, dtype=torch.float32)
+    assert_type(
+        check_prepared(prepared, ReferencePrepared, "reference"), ReferencePrepared
+    )
+
+
+def check_hf_block(block: Int4SparseMoeBlock, mode: RoutingMode) -> None:
+    assert_type(
+        block(torch.randn(2, 3, 64)), torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+    )
+    assert_type(mode, RoutingMode)
