@@ -6,8 +6,10 @@ Pure: imports only the standard library, torch and attrs.
 from core.activation import apply_activation as apply_activation
 from core.config import (
     ACTIVATIONS as ACTIVATIONS,
+    GROUP_SCORES as GROUP_SCORES,
     SCORING_FUNCS as SCORING_FUNCS,
     Activation as Activation,
+    GroupScore as GroupScore,
     MoEConfig as MoEConfig,
     ScoringFunc as ScoringFunc,
 )

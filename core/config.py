@@ -12,9 +12,11 @@ from core.errors import ConfigError, ConfigTypeError
 
 Activation: TypeAlias = Literal["silu", "gelu", "gelu_tanh", "swigluoai"]
 ScoringFunc: TypeAlias = Literal["softmax", "sigmoid"]
+GroupScore: TypeAlias = Literal["max", "top2_sum"]
 
 ACTIVATIONS: tuple[Activation, ...] = ("silu", "gelu", "gelu_tanh", "swigluoai")
 SCORING_FUNCS: tuple[ScoringFunc, ...] = ("softmax", "sigmoid")
+GROUP_SCORES: tuple[GroupScore, ...] = ("max", "top2_sum")
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -82,6 +84,10 @@ class MoEConfig:
             `swigluoai` (gpt-oss; clamped, ``(up + 1) * gate * sigmoid(alpha * gate)``).
         num_expert_group: DeepSeek-style grouped top-k: number of expert groups.
         topk_group: DeepSeek-style grouped top-k: groups kept per token.
+        group_score: how grouped top-k ranks a group: `top2_sum`, the sum of its two
+            best scores (correction bias included; DeepSeek-V3), or `max`, its best
+            score (DeepSeek-V2). ``None`` (the default): `top2_sum` with sigmoid
+            scores, else `max` (``group_ranking`` is the resolved value).
         routed_scaling_factor: multiplies the final top-k weights.
         apply_router_weight_on_input: scale the input by the router weight instead of the
             output (Llama-4 style; needs ``top_k == 1``).
@@ -104,6 +110,9 @@ class MoEConfig:
         default=None, validator=_optional_positive
     )
     topk_group: int | None = attrs.field(default=None, validator=_optional_positive)
+    group_score: GroupScore | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_one_of(GROUP_SCORES))
+    )
     routed_scaling_factor: float = attrs.field(default=1.0, validator=_positive_float)
     apply_router_weight_on_input: bool = attrs.field(default=False, validator=_is_bool)
     swiglu_alpha: float = attrs.field(default=1.702, validator=_positive_float)
@@ -143,6 +152,13 @@ class MoEConfig:
                 f"top_k={self.top_k} must be <= topk_group * experts per group = "
                 f"{keep * (self.num_experts // groups)}"
             )
+
+    @property
+    def group_ranking(self) -> GroupScore:
+        """``group_score``, or where ``None`` the one ``scoring_func`` implies."""
+        if self.group_score is not None:
+            return self.group_score
+        return "top2_sum" if self.scoring_func == "sigmoid" else "max"
 
     @property
     def uses_grouped_topk(self) -> bool:

@@ -44,15 +44,16 @@ def score_logits(router_logits_TE: torch.Tensor, config: MoEConfig) -> torch.Ten
     return torch.sigmoid(logits)
 
 
-def _mask_groups(
-    choice_TE: torch.Tensor, config: MoEConfig, *, biased: bool
-) -> torch.Tensor:
-    """Keep the ``topk_group`` best expert groups per token, others set to -inf."""
+def _mask_groups(choice_TE: torch.Tensor, config: MoEConfig) -> torch.Tensor:
+    """Keep the ``topk_group`` best expert groups per token, others set to -inf.
+
+    Groups are ranked as ``config.group_ranking`` says, on the (biased) choice scores.
+    """
     assert config.num_expert_group is not None
     assert config.topk_group is not None
     t, e = choice_TE.shape
     grouped = choice_TE.view(t, config.num_expert_group, e // config.num_expert_group)
-    if biased:
+    if config.group_ranking == "top2_sum":
         # DeepSeek-V3: a group's score is the sum of its two best biased scores.
         group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
     else:
@@ -111,7 +112,7 @@ def route_topk(
         scores_TE if correction_bias is None else scores_TE + correction_bias.float()
     )
     if config.uses_grouped_topk:
-        choice_TE = _mask_groups(choice_TE, config, biased=correction_bias is not None)
+        choice_TE = _mask_groups(choice_TE, config)
     topk_ids_TK = choice_TE.topk(config.top_k, dim=-1).indices
     topk_weights_TK = scores_TE.gather(1, topk_ids_TK)
     if config.renormalize:

@@ -67,8 +67,10 @@ class Int4MoE(nn.Module):
         backend: `auto` or a registered backend name (``backends.available_backends()``);
             also settable later as ``moe.backend``, which is checked the same way.
         device: where to allocate the (empty) buffers.
-        dtype: the scale and router dtype, normally the activation dtype.
-        with_gate: allocate a float router ``gate_weight``.
+        dtype: the scale (and expert bias) dtype, normally the activation dtype; the
+            router ``gate_weight`` is float32 whatever it is.
+        with_gate: allocate a float32 router ``gate_weight`` (a checkpoint's bf16 or
+            fp16 router loads into it exactly).
         with_correction_bias: allocate ``e_score_correction_bias`` (DeepSeek-V3).
         num_local_experts: experts held here under expert parallelism (allocates
             ``expert_map``, at first the first ``num_local_experts`` experts and
@@ -117,9 +119,10 @@ class Int4MoE(nn.Module):
                 name, torch.empty(shape, dtype=buf_dtype, device=device)
             )
         e, d = config.num_experts, config.hidden_size
-        self.gate_weight = (
+        self.gate_weight = (  # float32: the top-k is sensitive to router rounding
             nn.Parameter(
-                torch.empty(e, d, dtype=dtype, device=device), requires_grad=False
+                torch.empty(e, d, dtype=torch.float32, device=device),
+                requires_grad=False,
             )
             if with_gate
             else None
@@ -168,7 +171,7 @@ class Int4MoE(nn.Module):
             weights: canonical int4 experts; the buffers become these very tensors.
             config: layer configuration (``num_experts`` is global under EP).
             backend: `auto` or a registered backend name.
-            gate_weight: optional float router ``(E, D)``.
+            gate_weight: optional float router ``(E, D)``, kept in float32.
             e_score_correction_bias: optional ``(E,)`` selection bias.
             expert_map: optional ``(E,)`` integer global-to-local map, ``-1`` elsewhere.
 
@@ -215,10 +218,10 @@ class Int4MoE(nn.Module):
             config: layer configuration.
             scheme: int4 scheme.
             backend: `auto` or a registered backend name.
-            gate_weight: optional ``(E, D)`` router, cast to ``dtype`` like the layer's
-                other float tensors (``from_quantized`` keeps a router's dtype).
+            gate_weight: optional ``(E, D)`` router, kept in float32 (as every
+                ``Int4MoE`` router: exact for bf16/fp16 ones).
             e_score_correction_bias: optional ``(E,)`` DeepSeek-style selection bias.
-            dtype: dtype of the scales, biases and router (inputs of any float dtype
+            dtype: dtype of the scales and expert biases (inputs of any float dtype
                 are accepted); defaults to ``w13_weight.dtype`` when that is fp16 or
                 bf16, else bf16.
             w13_bias: ``(E, 2F)`` expert biases of w13 (needs ``config.expert_bias``).
@@ -244,7 +247,7 @@ class Int4MoE(nn.Module):
             weights,
             config=config,
             backend=backend,
-            gate_weight=None if gate_weight is None else gate_weight.to(dtype),
+            gate_weight=gate_weight,
             e_score_correction_bias=e_score_correction_bias,
         )
 
@@ -312,7 +315,9 @@ class Int4MoE(nn.Module):
         e, d = self.config.num_experts, self.config.hidden_size
         if gate_weight is not None:
             check_shape("gate_weight", gate_weight, (e, d))
-            self.gate_weight = nn.Parameter(gate_weight.to(device), requires_grad=False)
+            self.gate_weight = nn.Parameter(
+                gate_weight.to(device=device, dtype=torch.float32), requires_grad=False
+            )
         if correction_bias is not None:
             check_shape("e_score_correction_bias", correction_bias, (e,))
             self.register_buffer(

@@ -33,10 +33,12 @@ def _route_one_token(
         groups = [
             choice[g * size : (g + 1) * size] for g in range(config.num_expert_group)
         ]
+        # DeepSeek-V3 (sigmoid) sums a group's two best scores, V2 takes its best.
+        top2 = config.group_score == "top2_sum" or (
+            config.group_score is None and config.scoring_func == "sigmoid"
+        )
         rank = [
-            float(g.max())
-            if bias is None
-            else float(g.sort(descending=True).values[:2].sum())
+            float(g.sort(descending=True).values[:2].sum()) if top2 else float(g.max())
             for g in groups
         ]
         keep = sorted(range(len(rank)), key=lambda i: -rank[i])[: config.topk_group]
@@ -55,6 +57,13 @@ CASES = [
     {"scoring_func": "sigmoid"},
     {"num_expert_group": 4, "topk_group": 2},
     {"num_expert_group": 8, "topk_group": 3, "scoring_func": "sigmoid"},
+    {"num_expert_group": 4, "topk_group": 2, "group_score": "top2_sum"},
+    {
+        "num_expert_group": 8,
+        "topk_group": 3,
+        "scoring_func": "sigmoid",
+        "group_score": "max",
+    },
     {"routed_scaling_factor": 2.5, "renormalize": False},
 ]
 
@@ -140,3 +149,26 @@ def test_route_topk_rejects_correction_bias_of_another_shape(
         ShapeError, match=r"correction_bias must have shape \(num_experts=8,\), got"
     ):
         route_topk(torch.zeros(3, 8), config, correction_bias=torch.zeros(shape))
+
+
+def test_group_ranking_does_not_depend_on_a_bias_being_passed(
+    generator: torch.Generator,
+) -> None:
+    """DeepSeek-V3 (sigmoid) ranks groups by their two best scores with or without a
+    correction bias tensor, as its model does; it used to switch to the best score."""
+    config = MoEConfig(
+        num_experts=64,
+        top_k=8,
+        hidden_size=64,
+        intermediate_size=64,
+        scoring_func="sigmoid",
+        num_expert_group=8,
+        topk_group=4,
+    )
+    assert config.group_ranking == "top2_sum"
+    logits = torch.randn(512, 64, generator=generator)
+    plain = route_topk(logits, config)
+    zero_bias = route_topk(logits, config, correction_bias=torch.zeros(64))
+    assert torch.equal(plain.topk_ids, zero_bias.topk_ids)
+    as_v2 = route_topk(logits, attrs.evolve(config, group_score="max"))
+    assert not torch.equal(plain.topk_ids, as_v2.topk_ids)

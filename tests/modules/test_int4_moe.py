@@ -502,3 +502,25 @@ def test_runs_inside_torch_compile(generator: torch.Generator) -> None:
         eager = model(x)
         compiled = torch.compile(model, backend="eager")(x)
     torch.testing.assert_close(compiled, eager, **EXACT)
+
+
+def test_the_router_is_kept_in_float32(generator: torch.Generator) -> None:
+    """A float32 router stays exact in a bf16 layer (rounding it moved some tokens to
+    other experts); a state dict's bf16 router loads into it exactly."""
+    gate = torch.randn(8, 128, generator=generator)
+    moe = _module(generator, gate_weight=gate, dtype=torch.bfloat16)
+    assert moe.gate_weight is not None
+    assert moe.gate_weight.dtype == torch.float32
+    torch.testing.assert_close(moe.gate_weight.data, gate, **EXACT)
+    empty = Int4MoE(CFG, with_gate=True)
+    assert empty.gate_weight is not None
+    state = moe.state_dict()
+    state["gate_weight"] = gate.to(torch.bfloat16)
+    empty.load_state_dict(state)
+    torch.testing.assert_close(
+        empty.gate_weight.data, gate.to(torch.bfloat16).float(), **EXACT
+    )
+    x = torch.randn(64, 128, generator=generator).to(torch.bfloat16)
+    routed = route_topk(x.float() @ gate.T, CFG)
+    expected = moe(x, topk_weights=routed.topk_weights, topk_ids=routed.topk_ids)
+    torch.testing.assert_close(moe(x), expected, **EXACT)
