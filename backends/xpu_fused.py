@@ -195,7 +195,7 @@ class XPUFusedBackend:
             return Support.no(reason)
         reasons: list[str] = []
         for provider in self._providers:
-            refusal = provider.refusal(config, dtype=dtype)
+            refusal = provider.refusal(config, dtype=dtype, device=device)
             if refusal is None:
                 return Support.yes()
             reasons.append(f"{provider.name}: {refusal}")
@@ -229,8 +229,9 @@ class XPUFusedBackend:
             BackendUnavailableError: if no provider and no delegate is available.
         """
         reasons: list[str] = []
+        device = DeviceInfo.of(weights.device)
         for provider in self._providers:
-            refusal = provider.refusal(config, dtype=dtype)
+            refusal = provider.refusal(config, dtype=dtype, device=device)
             if refusal is None:
                 experts = provider.build(_private_copies(weights, dtype), config)
                 return XPUFusedPrepared(

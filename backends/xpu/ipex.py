@@ -16,6 +16,7 @@ from typing import Protocol, final
 
 import torch
 
+from backends.base import DeviceInfo
 from backends.xpu.providers import FusedExperts, ProviderWeights
 from core.config import MoEConfig
 
@@ -108,9 +109,11 @@ class IPEXGatedMLPMOEProvider:
         """``intel_extension_for_pytorch.GatedMLPMOE``."""
         return "intel_extension_for_pytorch.GatedMLPMOE"
 
-    def refusal(self, config: MoEConfig, *, dtype: torch.dtype) -> str | None:
+    def refusal(
+        self, config: MoEConfig, *, dtype: torch.dtype, device: DeviceInfo
+    ) -> str | None:
         """Activation, then the import."""
-        del dtype
+        del dtype, device
         if config.activation != "silu":
             return f"activation must be `silu` for IPEX int4, got {config.activation!r}"
         try:

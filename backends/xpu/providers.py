@@ -2,7 +2,7 @@
 
 Shape legend: ``T`` tokens, ``D`` hidden size, ``F`` intermediate size, ``H`` = 2F,
 ``E`` experts, ``K`` top_k, ``P`` packed reduction dim (reduction / 2), ``G`` groups
-along the reduction dim. May import core only.
+along the reduction dim. May import core and ``backends.base``.
 """
 
 from typing import Protocol
@@ -10,6 +10,7 @@ from typing import Protocol
 import attrs
 import torch
 
+from backends.base import DeviceInfo
 from core.config import MoEConfig
 
 
@@ -66,10 +67,13 @@ class XPUProvider(Protocol):
         """Human-readable provider name, used in refusal reasons."""
         ...
 
-    def refusal(self, config: MoEConfig, *, dtype: torch.dtype) -> str | None:
-        """Why this provider cannot run ``config`` with ``dtype`` (``None``: it can).
+    def refusal(
+        self, config: MoEConfig, *, dtype: torch.dtype, device: DeviceInfo
+    ) -> str | None:
+        """Why this provider cannot run ``config`` with ``dtype`` on ``device``.
 
-        Imports the provider's package lazily; a failed import is a reason.
+        ``None``: it can. Imports the provider's package lazily; a failed import is a
+        reason.
         """
         ...
 

@@ -12,23 +12,34 @@ Contract read from vllm-project/vllm-xpu-kernels: ``vllm_xpu_kernels/fused_moe_i
   scales the input by the router weight. ``topk_weights`` must be float32.
 * ``swigluoai`` reads gate/up *interleaved* (``gate = h[..., ::2]``) with alpha 1.702 and
   limit 7.0 hard-coded; ``silu``/``gelu``/``gelu_tanh`` read the halves ``[:F]``/``[F:]``.
-* ``moe_gather`` is compiled for top_k in {1, 2, 4, 6, 8, 10} only.
+* ``moe_gather`` is compiled for top_k in {1, 2, 4, 6, 7, 8, 10, 12, 16} only (the
+  0.1.16.2 binaries; older sources list {1, 2, 4, 6, 8, 10}), and at most 1024 experts.
+* The int4 grouped GEMM runs only on Xe2 / Xe3 GPUs (``is_xe2_arch()`` /
+  ``is_xe3_arch()`` in ``grouped_gemm_interface.cpp``); on other Intel GPUs the call
+  falls to a kernel that ignores the scales and reads the packed bytes as bf16, with no
+  error. ``torch.ops._xpu_C.is_xe2_arch(index)`` / ``is_xe3_arch`` tell them apart.
+* ``VLLM_XPU_FUSED_MOE_USE_REF=1`` sends calls to a reference path that asserts the
+  weights are not int4.
 
 Shape legend: ``T`` tokens, ``D`` hidden, ``H`` = 2F, ``E`` experts, ``K`` top_k,
 ``P`` packed reduction dim, ``G`` groups. vllm_xpu_kernels is imported inside functions.
 """
 
+import os
 from collections.abc import Callable
 from typing import Final, Protocol, final
 
 import torch
 
+from backends.base import DeviceInfo
 from backends.xpu.providers import FusedExperts, ProviderWeights
 from core.config import MoEConfig
 
 SWIGLUOAI_ALPHA: Final = 1.702
 SWIGLUOAI_LIMIT: Final = 7.0
-SUPPORTED_TOP_K: Final = (1, 2, 4, 6, 8, 10)
+SUPPORTED_TOP_K: Final = (1, 2, 4, 6, 7, 8, 10, 12, 16)
+MAX_EXPERTS: Final = 1024
+REFERENCE_ENV: Final = "VLLM_XPU_FUSED_MOE_USE_REF"
 
 
 class XpuFusedMoeLike(Protocol):
@@ -63,6 +74,24 @@ def load_xpu_fused_moe() -> XpuFusedMoeFactory:
         reason = getattr(fused_moe_interface, "FUSEDMOE_UNAVAILABLE_REASON", "")
         raise ImportError(f"vllm_xpu_kernels MoE ops are unavailable: {reason}")
     return fused_moe_interface.XpuFusedMoe
+
+
+Int4Arch = Callable[[int | None], bool]
+"""Whether the XPU of this index (``None``: the current one) runs the int4 kernel."""
+
+
+def xe2_or_xe3(index: int | None) -> bool:
+    """Whether the XPU at ``index`` is Xe2 or Xe3 (vllm-xpu-kernels' own ops).
+
+    ``False`` where the ops are missing (the package not loaded, or an older build):
+    the int4 path is then not known to be safe.
+    """
+    try:
+        is_xe2, is_xe3 = torch.ops._xpu_C.is_xe2_arch, torch.ops._xpu_C.is_xe3_arch
+    except (AttributeError, RuntimeError):
+        return False
+    device = torch.xpu.current_device() if index is None else index
+    return bool(is_xe2(device)) or bool(is_xe3(device))
 
 
 def interleave_gate_up(w_EH_: torch.Tensor) -> torch.Tensor:
@@ -102,23 +131,35 @@ class VllmXpuKernelsProvider:
     Args:
         load: returns the ``XpuFusedMoe`` class; the seam through which tests inject a
             fake written from the contract above.
+        int4_arch: whether an XPU index runs the int4 kernel (Xe2 / Xe3); asked after
+            the import, which registers the ops it reads.
     """
 
     def __init__(
-        self, *, load: Callable[[], XpuFusedMoeFactory] = load_xpu_fused_moe
+        self,
+        *,
+        load: Callable[[], XpuFusedMoeFactory] = load_xpu_fused_moe,
+        int4_arch: Int4Arch = xe2_or_xe3,
     ) -> None:
         self._load = load
+        self._int4_arch = int4_arch
 
     @property
     def name(self) -> str:
         """``vllm_xpu_kernels.XpuFusedMoe``."""
         return "vllm_xpu_kernels.XpuFusedMoe"
 
-    def refusal(self, config: MoEConfig, *, dtype: torch.dtype) -> str | None:
-        """Top-k, swigluoai constants, then the import."""
+    def refusal(
+        self, config: MoEConfig, *, dtype: torch.dtype, device: DeviceInfo
+    ) -> str | None:
+        """Top-k, experts, swigluoai constants, the reference switch, the import, the GPU."""
         del dtype
         if config.top_k not in SUPPORTED_TOP_K:
             return f"top_k must be one of {SUPPORTED_TOP_K}, got {config.top_k}"
+        if config.num_experts > MAX_EXPERTS:
+            return f"num_experts must be <= {MAX_EXPERTS}, got {config.num_experts}"
+        if os.environ.get(REFERENCE_ENV, "0") not in ("", "0"):
+            return f"{REFERENCE_ENV} is set: its reference path has no int4"
         fixed = (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)
         if (
             config.activation == "swigluoai"
@@ -136,6 +177,11 @@ class VllmXpuKernelsProvider:
             self._load()
         except (ImportError, OSError) as err:
             return f"vllm_xpu_kernels is not importable: {err}"
+        if not self._int4_arch(device.index):
+            return (
+                "the int4 kernel runs only on Xe2 / Xe3 GPUs (elsewhere it would read "
+                f"int4 as bf16 without an error), and {device.name or 'this XPU'} is not one"
+            )
         return None
 
     def build(self, weights: ProviderWeights, config: MoEConfig) -> FusedExperts:

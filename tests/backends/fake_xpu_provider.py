@@ -190,11 +190,17 @@ class FakeXpuKernels:
 
     error: str | None = None
     built: list[FakeXpuFusedMoe] = attrs.field(factory=list)
+    xe2_or_xe3: bool = True
+    """What the GPU-architecture check answers (the int4 kernel needs Xe2 / Xe3)."""
 
     def load(self) -> XpuFusedMoeFactory:
         if self.error is not None:
             raise ImportError(self.error)
         return functools.partial(FakeXpuFusedMoe, self.built)
+
+    def int4_arch(self, index: int | None) -> bool:
+        del index
+        return self.xe2_or_xe3
 
 
 def decode_int32_offset8(q_EN_: torch.Tensor) -> torch.Tensor:

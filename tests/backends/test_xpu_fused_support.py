@@ -16,7 +16,11 @@ from backends.registry import (
     unregister_backend,
 )
 from backends.xpu.ipex import IPEXGatedMLPMOEProvider
-from backends.xpu.vllm_kernels import VllmXpuKernelsProvider, load_xpu_fused_moe
+from backends.xpu.vllm_kernels import (
+    VllmXpuKernelsProvider,
+    load_xpu_fused_moe,
+    xe2_or_xe3,
+)
 from backends.xpu_fused import XPUFusedBackend
 from core.errors import BackendUnavailableError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
@@ -113,7 +117,9 @@ def test_default_loader_turns_a_failed_import_into_a_reason(
     monkeypatch.setitem(sys.modules, "vllm_xpu_kernels", None)
     with pytest.raises(ImportError, match="vllm_xpu_kernels"):
         load_xpu_fused_moe()
-    reason = VllmXpuKernelsProvider().refusal(make_config(), dtype=torch.bfloat16)
+    reason = VllmXpuKernelsProvider().refusal(
+        make_config(), dtype=torch.bfloat16, device=XPU
+    )
     assert reason is not None
     assert reason.startswith("vllm_xpu_kernels is not importable")
 
@@ -134,7 +140,10 @@ def test_default_loader_turns_a_failed_import_into_a_reason(
             "group_not_dividing",
             "intermediate_size=48 must be divisible by group_size=32",
         ),
-        ("top_k", "top_k must be one of (1, 2, 4, 6, 8, 10), got 3"),
+        ("top_k", "top_k must be one of (1, 2, 4, 6, 7, 8, 10, 12, 16), got 3"),
+        ("experts", "num_experts must be <= 1024, got 2048"),
+        ("reference_env", "VLLM_XPU_FUSED_MOE_USE_REF is set: its reference path"),
+        ("not_xe2", "the int4 kernel runs only on Xe2 / Xe3 GPUs"),
         ("swiglu_limit", "swigluoai needs (swiglu_alpha, swiglu_limit)=(1.702, 7.0)"),
         (
             "bias",
@@ -142,7 +151,9 @@ def test_default_loader_turns_a_failed_import_into_a_reason(
         ),
     ],
 )
-def test_refusal_reasons(case: str, expected: str) -> None:
+def test_refusal_reasons(
+    case: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config, scheme, layout, device, dtype = (
         make_config(),
         INT4_SYM_G32,
@@ -168,9 +179,16 @@ def test_refusal_reasons(case: str, expected: str) -> None:
         config = make_config(top_k=3)
     elif case == "bias":
         config = attrs.evolve(make_config(activation="swigluoai"), expert_bias=True)
+    elif case == "experts":
+        config = make_config(num_experts=2048)
+    elif case == "reference_env":
+        monkeypatch.setenv("VLLM_XPU_FUSED_MOE_USE_REF", "1")
+    elif case == "not_xe2":
+        pass  # the fake's architecture check answers no, below
     else:
         config = make_config(activation="swigluoai", swiglu_limit=10.0)
-    support = fake_backend(FakeXpuKernels()).supports(
+    kernels = FakeXpuKernels(xe2_or_xe3=case != "not_xe2")
+    support = fake_backend(kernels).supports(
         config, scheme, layout, device, dtype=dtype
     )
     assert not support.ok
@@ -179,7 +197,7 @@ def test_refusal_reasons(case: str, expected: str) -> None:
 
 def test_ipex_refuses_activations_it_lacks() -> None:
     reason = IPEXGatedMLPMOEProvider(load=FakeIPEX().load).refusal(
-        make_config(activation="gelu"), dtype=torch.float16
+        make_config(activation="gelu"), dtype=torch.float16, device=XPU
     )
     assert reason == "activation must be `silu` for IPEX int4, got 'gelu'"
 
@@ -215,3 +233,19 @@ def test_auto_sends_biased_layers_on_xpu_to_triton() -> None:
         config, INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
     )
     assert chosen.name == "triton-w4a16"
+
+
+def test_the_architecture_check_says_no_without_the_ops() -> None:
+    """Without vllm-xpu-kernels' ops (here: no XPU, no package) the int4 path is not
+    known to be safe, so the default check answers no rather than guessing."""
+    assert not xe2_or_xe3(0)
+    assert not xe2_or_xe3(None)
+
+
+def test_top_k_of_the_pinned_binaries_is_accepted() -> None:
+    for top_k in (7, 12, 16):
+        config = make_config(num_experts=16, top_k=top_k)
+        support = fake_backend(FakeXpuKernels()).supports(
+            config, INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+        )
+        assert support == Support.yes(), (top_k, support.reason)

@@ -63,5 +63,8 @@ def assert_untouched(
 
 def fake_backend(kernels: FakeXpuKernels) -> XPUFusedBackend:
     return XPUFusedBackend(
-        providers=(VllmXpuKernelsProvider(load=kernels.load),), delegate=None
+        providers=(
+            VllmXpuKernelsProvider(load=kernels.load, int4_arch=kernels.int4_arch),
+        ),
+        delegate=None,
     )

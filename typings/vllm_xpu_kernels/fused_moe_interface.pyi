@@ -18,6 +18,8 @@ class XpuFusedMoe:
         ep_size: int = 1,
         expert_map: Tensor | None = None,
         gemm1_clamp_limit: float | None = None,
+        activation_situ_beta: float | None = None,
+        activation_situ_linear_beta: float | None = None,
     ) -> None: ...
     def apply(
         self,
