@@ -385,8 +385,8 @@ def replace_moe_blocks(
 
     Raises:
         ConfigError: for a model type without support (Llama-4), ``routing="config"``
-            outside ``ROUTED_FAMILIES``, a config without MoE layers, or a checkpoint without the block's experts (naming each
-            prefix tried and why it failed).
+            outside ``ROUTED_FAMILIES``, a config without MoE layers, or a checkpoint
+            without the block's experts (naming each prefix tried and why it failed).
     """
     hf_config = getattr(model, "config", None)
     if hf_config is None:

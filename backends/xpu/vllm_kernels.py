@@ -152,7 +152,7 @@ class VllmXpuKernelsProvider:
     def refusal(
         self, config: MoEConfig, *, dtype: torch.dtype, device: DeviceInfo
     ) -> str | None:
-        """Top-k, experts, swigluoai constants, the reference switch, the import, the GPU."""
+        """Top-k, experts, swigluoai constants, the reference path, import, GPU."""
         del dtype
         if config.top_k not in SUPPORTED_TOP_K:
             return f"top_k must be one of {SUPPORTED_TOP_K}, got {config.top_k}"
@@ -180,7 +180,8 @@ class VllmXpuKernelsProvider:
         if not self._int4_arch(device.index):
             return (
                 "the int4 kernel runs only on Xe2 / Xe3 GPUs (elsewhere it would read "
-                f"int4 as bf16 without an error), and {device.name or 'this XPU'} is not one"
+                "int4 as bf16 without an error), and "
+                f"{device.name or 'this XPU'} is not one"
             )
         return None
 
