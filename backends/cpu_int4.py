@@ -24,6 +24,7 @@ from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.packing import unpack_int4
 from core.routing import Routing, sort_tokens_by_expert
 from core.scheme import Int4Scheme
+from core.validate import check_local_ids
 from core.weights import QuantizedExpertWeights
 
 _PACK_OP: Final = "_convert_weight_to_int4pack_for_cpu"
@@ -157,7 +158,11 @@ def _pack_codes(qdata_RP: torch.Tensor) -> torch.Tensor:
 def _pack_experts(qdata_ERP: torch.Tensor) -> torch.Tensor:
     """Pack expert by expert into one ``(E, ...)`` tensor (peak: one expert's codes)."""
     first = _pack_codes(qdata_ERP[0])
-    packed = torch.empty((int(qdata_ERP.shape[0]), *first.shape), dtype=first.dtype)
+    packed = torch.empty(
+        (int(qdata_ERP.shape[0]), *first.shape),
+        dtype=first.dtype,
+        device=first.device,  # not the default device (a `with torch.device(...)`)
+    )
     packed[0] = first
     for expert in range(1, int(qdata_ERP.shape[0])):
         packed[expert] = _pack_codes(qdata_ERP[expert])
@@ -231,8 +236,12 @@ class CPUInt4Backend:
         """
         ready = check_prepared(prepared, CPUInt4Prepared, self.name)
         k = routing.top_k
+        check_local_ids(routing.topk_ids, ready.weights.num_experts)  # host sync: CPU
         out_TD = torch.zeros(
-            hidden_TD.shape[0], hidden_TD.shape[1], dtype=torch.float32
+            hidden_TD.shape[0],
+            hidden_TD.shape[1],
+            dtype=torch.float32,
+            device=hidden_TD.device,
         )
         order_N, counts_E = sort_tokens_by_expert(
             routing.topk_ids, ready.weights.num_experts

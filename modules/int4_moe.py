@@ -443,7 +443,28 @@ class Int4MoE(nn.Module):
         topk_weights: torch.Tensor | None,
         topk_ids: torch.Tensor | None,
     ) -> torch.Tensor:
-        """``forward`` outside ``torch.compile`` (the custom op's body there)."""
+        """``forward`` outside ``torch.compile`` (the custom op's body there).
+
+        Autocast is turned off inside: the router and the reference backend promise
+        float32 math, and the backends pick their own compute dtype.
+        """
+        device_type = hidden_states.device.type
+        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(
+            device_type
+        ):
+            with torch.autocast(device_type, enabled=False):
+                return self._forward_body(
+                    hidden_states, router_logits, topk_weights, topk_ids
+                )
+        return self._forward_body(hidden_states, router_logits, topk_weights, topk_ids)
+
+    def _forward_body(
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        topk_weights: torch.Tensor | None,
+        topk_ids: torch.Tensor | None,
+    ) -> torch.Tensor:
         check_hidden_states(hidden_states, self.config)
         self._check_device(hidden_states)
         hidden_TD = hidden_states.reshape(-1, self.config.hidden_size)
@@ -479,6 +500,7 @@ class Int4MoE(nn.Module):
         cache = self._prepared
         if cache is not None and cache.is_current(key, self._buffers):
             return cache.backend, cache.prepared
+        weights = self._checked_weights()
         backend = select_backend(
             self.config,
             self.scheme,
@@ -487,11 +509,60 @@ class Int4MoE(nn.Module):
             dtype=dtype,
             prefer=self.backend,
         )
-        prepared = backend.prepare(self.weights, self.config, dtype=dtype)
-        self._prepared = PreparedCache.from_buffers(
-            self._buffers, key=key, backend=backend, prepared=prepared
-        )
+        prepared = backend.prepare(weights, self.config, dtype=dtype)
+        if (
+            torch._guards.detect_fake_mode() is None
+        ):  # a fake one would poison later calls
+            self._prepared = PreparedCache.from_buffers(
+                self._buffers, key=key, backend=backend, prepared=prepared
+            )
         return backend, prepared
+
+    def _checked_weights(self) -> QuantizedExpertWeights:
+        """The buffers as weights, checked before a backend reads them.
+
+        Buffers may have been reassigned, loaded with ``strict=False`` or made by
+        ``to_empty`` since they were last checked: a wrong shape would be read out of
+        bounds by a kernel, and an uninitialized ``expert_map`` would route anywhere.
+        Runs when the prepared form is rebuilt, not on every call.
+        """
+        weights = self.weights
+        local = int(weights.w13_qdata.shape[0])
+        check_expert_weights(weights, self.config, num_experts=local)
+        emap = self._optional_buffer("expert_map")
+        if emap is not None:
+            check_expert_map(
+                emap, num_experts=self.config.num_experts, num_local_experts=local
+            )
+        return weights
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> "Self":  # noqa: FBT001, FBT002  # nn.Module's signature
+        """``nn.Module._apply`` (``.to``, ``.half()``, ...), the router kept float32.
+
+        A dtype cast would round the float32 router (and the correction bias), which
+        moves tokens to other experts; they follow device moves only. The prepared
+        form is dropped at once (it holds the old tensors).
+        """
+        kept = {  # detached: a parameter's .data is swapped in place by _apply
+            name: tensor.detach()
+            for name, tensor in (
+                ("gate_weight", self.gate_weight),
+                (
+                    "e_score_correction_bias",
+                    self._optional_buffer("e_score_correction_bias"),
+                ),
+            )
+            if tensor is not None
+        }
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves _apply unannotated
+        for name, before in kept.items():
+            after = getattr(self, name)
+            if after.dtype != torch.float32:
+                after.data = before.detach().to(
+                    device=after.device, dtype=torch.float32
+                )
+        self._prepared = None
+        return self
 
     def extra_repr(self) -> str:
         """Sizes, scheme, group size and backend."""
@@ -526,3 +597,8 @@ def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:
     del incompatible
     if isinstance(module, Int4MoE):
         module.invalidate_prepared()
+        # load_state_dict(assign=True) takes the state's tensors as they are.
+        for name in ("gate_weight", "e_score_correction_bias"):
+            tensor = getattr(module, name)
+            if tensor is not None and tensor.dtype != torch.float32:
+                tensor.data = tensor.detach().float()

@@ -20,7 +20,7 @@ from backends.registry import (
     unregister_backend,
 )
 from core.config import ACTIVATIONS, Activation, MoEConfig
-from core.errors import BackendUnavailableError
+from core.errors import BackendUnavailableError, ShapeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference
@@ -400,3 +400,22 @@ def test_fp32_fp16_inputs_round_to_bf16(
     torch.testing.assert_close(out.to(torch.bfloat16), as_bf16, **tolerance)
     exact = moe_forward_reference(hidden.float(), weights, routing, config)
     assert rel_l2(exact, out) > REL_L2_VS_ORACLE[dtype]  # not the float32 math
+
+
+def test_ids_outside_the_held_experts_raise(generator: torch.Generator) -> None:
+    """As the reference does: an id past the experts held here is not dropped."""
+    config = _make_config(4, 2, 64, 64)
+    weights = _make_weights(
+        config, Int4Scheme(group_size=32), torch.bfloat16, generator
+    )
+    hidden, routing = _make_inputs(config, 3, torch.bfloat16, generator)
+    bad = Routing(
+        topk_weights=routing.topk_weights,
+        topk_ids=torch.tensor([[0, 1], [2, 4], [3, -1]]),
+    )
+    backend = CPUInt4Backend()
+    prepared = backend.prepare(weights, config, dtype=torch.bfloat16)
+    with pytest.raises(
+        ShapeError, match=r"local expert ids in \[0, 4\), got values in \[-1, 4\]"
+    ):
+        backend.apply(hidden, prepared, bad)

@@ -1,5 +1,6 @@
 """Int4MoE: construction, forward paths, state_dict, moves, backend choice, errors."""
 
+import contextlib
 import io
 from typing import Any
 
@@ -7,6 +8,7 @@ import attrs
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.config import MoEConfig
 from core.errors import (
@@ -523,4 +525,96 @@ def test_the_router_is_kept_in_float32(generator: torch.Generator) -> None:
     x = torch.randn(64, 128, generator=generator).to(torch.bfloat16)
     routed = route_topk(x.float() @ gate.T, CFG)
     expected = moe(x, topk_weights=routed.topk_weights, topk_ids=routed.topk_ids)
+    torch.testing.assert_close(moe(x), expected, **EXACT)
+
+
+def _routed_layer(generator: torch.Generator) -> tuple[Int4MoE, torch.Tensor]:
+    """A bf16 layer with a float32 router and correction bias, and an input."""
+    w13, w2 = _float_weights(generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13,
+        w2_weight=w2,
+        config=CFG,
+        gate_weight=torch.randn(8, 128, generator=generator),
+        e_score_correction_bias=torch.randn(8, generator=generator) * 0.1,
+    )
+    return moe, torch.randn(16, 128, generator=generator).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "convert",
+    ["bfloat16", "half", "to_bfloat16", "float"],
+)
+def test_dtype_casts_keep_the_router_in_float32(
+    convert: str, generator: torch.Generator
+) -> None:
+    """``.half()`` and friends cast the scales, not the router: rounding it moved
+    tokens to other experts."""
+    moe, x = _routed_layer(generator)
+    gate = moe.get_parameter("gate_weight").detach().clone()
+    bias = moe.get_buffer("e_score_correction_bias").clone()
+    if convert == "to_bfloat16":
+        moe.to(torch.bfloat16)
+    else:
+        getattr(moe, convert)()
+    torch.testing.assert_close(moe.get_parameter("gate_weight").data, gate, **EXACT)
+    torch.testing.assert_close(moe.get_buffer("e_score_correction_bias"), bias, **EXACT)
+    assert moe.get_buffer("w13_scale").dtype != torch.float32 or convert == "float"
+    assert moe._prepared is None  # the old prepared form is dropped at once
+    routed = route_topk(x.float() @ gate.T, CFG, correction_bias=bias)
+    expected = moe(x, topk_weights=routed.topk_weights, topk_ids=routed.topk_ids)
+    torch.testing.assert_close(moe(x), expected, **EXACT)
+
+
+def test_assign_load_keeps_the_router_in_float32(generator: torch.Generator) -> None:
+    moe, _ = _routed_layer(generator)
+    state = {k: v.clone() for k, v in moe.state_dict().items()}
+    state["gate_weight"] = state["gate_weight"].to(torch.bfloat16)
+    fresh = Int4MoE(CFG, with_gate=True, with_correction_bias=True, device="meta")
+    fresh.load_state_dict(state, assign=True)
+    gate = fresh.get_parameter("gate_weight")
+    assert gate.dtype == torch.float32
+    torch.testing.assert_close(gate.data, state["gate_weight"].float(), **EXACT)
+
+
+def test_autocast_leaves_the_float32_math_alone(generator: torch.Generator) -> None:
+    """Under autocast the router and the reference backend stay float32."""
+    moe, x = _routed_layer(generator)
+    moe.backend = "reference"
+    plain = moe(x.float())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = moe(x.float())
+    assert inside.dtype == torch.float32
+    torch.testing.assert_close(inside, plain, **EXACT)
+
+
+def test_buffers_are_checked_before_a_backend_reads_them(
+    generator: torch.Generator,
+) -> None:
+    """A reassigned buffer of the wrong shape, or an uninitialized expert map after
+    ``to_empty``, raises at the next call instead of being read out of bounds."""
+    moe, x = _routed_layer(generator)
+    moe.w13_scale = torch.ones(8, 128, 1, dtype=torch.bfloat16)
+    with pytest.raises(ShapeError, match=r"w13_scale must have shape \(8, 128, 4\)"):
+        moe(x)
+    shard = Int4MoE(CFG, num_local_experts=4, device="meta").to_empty(device="cpu")
+    shard.get_buffer("expert_map").fill_(3)  # what uninitialized memory may hold
+    with pytest.raises(ShapeError, match="expert_map must give each local id"):
+        shard(x, router_logits=torch.randn(16, 8, generator=generator))
+
+
+def test_fake_and_default_device_calls_do_not_poison_later_ones(
+    generator: torch.Generator,
+) -> None:
+    """A call traced under a fake mode, or made inside ``with torch.device("meta")``,
+    leaves no prepared form that later real calls would read."""
+    moe, x = _routed_layer(generator)
+    expected = moe(x)
+    moe.invalidate_prepared()
+    with FakeTensorMode(allow_non_fake_inputs=True), contextlib.suppress(Exception):
+        moe(x)
+    torch.testing.assert_close(moe(x), expected, **EXACT)
+    moe.invalidate_prepared()
+    with torch.device("meta"), contextlib.suppress(Exception):
+        moe(x)
     torch.testing.assert_close(moe(x), expected, **EXACT)
