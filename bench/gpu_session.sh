@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that re-checks the Triton backends on a CUDA GPU, from the repository
 # root: the benchmark (bench/RESULTS.md, results.json, PNGs), then the CUDA tests in
-# nine parallel pytest jobs (JOB_S seconds each at most, default 450), logs concatenated into
+# ten parallel pytest jobs (JOB_S seconds each at most, default 450), logs concatenated into
 # $OUT/cuda_tests.log. On an H200 the bench took 1-6 min and the tests about 5 (most of
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
 # pass "bench" or "tests" to run one half per call ("bench-both": the benchmark first with
@@ -50,11 +50,12 @@ run gemv_words tests/backends/test_triton_gemv_cuda.py -k "(word_tiles or magnit
 run gemv_bulk tests/backends/test_triton_gemv_cuda.py -k bulk &
 run dequant tests/backends/test_triton_dequant_cuda.py &
 run w4a16 tests/backends/test_triton_cuda.py -k w4a16 &
-run rest tests/backends/test_triton_cuda.py tests/modules/test_int4_moe_cuda.py -k "not w4a16" &
+run rest tests/backends/test_triton_cuda.py -k "not w4a16" &
+run modules tests/modules/test_int4_moe_cuda.py &
 run variants tests/backends/test_triton_gemm_variants_cuda.py &
 for job in $(jobs -p); do wait "$job" || status=1; done
-for name in gemv gemv_pairs gemv_loops gemv_words gemv_bulk dequant w4a16 rest variants; do
+for name in gemv gemv_pairs gemv_loops gemv_words gemv_bulk dequant w4a16 rest modules variants; do
   echo "=== $name"; cat "/tmp/cuda_$name.log"
 done > "$out/cuda_tests.log"
-grep -E "passed|failed|error" "$out/cuda_tests.log" | grep -v "^E " | tail -9
+grep -E "passed|failed|error" "$out/cuda_tests.log" | grep -v "^E " | tail -10
 exit $status

@@ -49,15 +49,15 @@ def check_gradients(
     assert logits.grad is not None
 
     q = moe.to("cpu").weights  # the dense reference runs on the CPU
-    x64 = x.detach().double().requires_grad_()
-    logits32 = logits.detach().requires_grad_()
+    x64 = x.detach().cpu().double().requires_grad_()
+    logits32 = logits.detach().cpu().requires_grad_()
     routing = route_topk(logits32, CONFIG)
     expected_out = dense_moe_f64(
-        x64.cpu(),
+        x64,
         dequant_f64(q.w13_qdata, q.w13_scale, q.w13_zero_point),
         dequant_f64(q.w2_qdata, q.w2_scale, q.w2_zero_point),
-        routing.topk_weights.cpu(),
-        routing.topk_ids.cpu(),
+        routing.topk_weights,
+        routing.topk_ids,
         CONFIG,
     )
     torch.autograd.backward((expected_out * grad.double().cpu()).sum())
