@@ -44,6 +44,18 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
+def _fused_in_compute_dtype(
+    hidden_TD: torch.Tensor,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+    routing: Routing,
+    config: MoEConfig,
+) -> torch.Tensor:
+    """``fused_moe`` in ``compute_dtype``, the output in ``hidden_TD``'s dtype."""
+    x_TD = hidden_TD.to(compute_dtype(hidden_TD.dtype))
+    return fused_moe(x_TD, w13, w2, routing, config).to(hidden_TD.dtype)
+
+
 def _common_support(
     config: MoEConfig, layout: WeightLayout, device: DeviceInfo, dtype: torch.dtype
 ) -> Support:
@@ -158,9 +170,9 @@ class TritonW4A16Backend:
         fp32 inputs run in bf16 (``compute_dtype``).
         """
         ready = check_prepared(prepared, TritonW4A16Prepared, self.name)
-        x_TD = hidden_TD.to(compute_dtype(hidden_TD.dtype))
-        out_TD = fused_moe(x_TD, ready.w13, ready.w2, routing, ready.config)
-        return out_TD.to(hidden_TD.dtype)
+        return _fused_in_compute_dtype(
+            hidden_TD, ready.w13, ready.w2, routing, ready.config
+        )
 
 
 @final
@@ -269,6 +281,6 @@ class TritonEmulationBackend:
                     f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
                     f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
                 )
-        x_TD = hidden_TD.to(compute_dtype(hidden_TD.dtype))
-        out_TD = fused_moe(x_TD, ready.w13, ready.w2, routing, ready.config)
-        return out_TD.to(hidden_TD.dtype)
+        return _fused_in_compute_dtype(
+            hidden_TD, ready.w13, ready.w2, routing, ready.config
+        )
