@@ -107,6 +107,15 @@ class PreparedExperts:
     config: MoEConfig
     dtype: torch.dtype
 
+    def serves(self, dtype: torch.dtype) -> bool:
+        """Whether the backend's ``apply`` may take ``dtype`` inputs with this form.
+
+        By default only ``self.dtype``; a backend whose prepared form does not depend
+        on the input dtype overrides this, so that ``Int4MoE`` keeps one prepared form
+        when calls alternate dtypes instead of preparing again.
+        """
+        return dtype == self.dtype
+
 
 P = TypeVar("P", bound=PreparedExperts)
 

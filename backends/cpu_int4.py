@@ -5,7 +5,7 @@ May import core only; the aten ops are looked up lazily. Shape legend: ``T`` tok
 ``N`` = T*K routed pairs, ``G`` groups along a reduction dimension.
 
 The kernel computes ``w = (q - 8) * scale + zero`` per (group, output row), with
-``scale_and_zero`` of shape ``(G, rows, 2)`` in the activation dtype. Symmetric codes
+``scale_and_zero`` of shape ``(G, rows, 2)`` in its compute dtype (bf16 here). Symmetric codes
 have ``zero = 0``; an integer zero point ``z`` gives ``(q - z) * scale`` with
 ``zero = (8 - z) * scale``. The packed weight is opaque and ISA-dependent, so it lives
 only in ``CPUInt4Prepared`` and is rebuilt by every ``prepare``; it is never saved.
@@ -72,6 +72,10 @@ class CPUInt4Prepared(PreparedExperts):
     w2_packed: torch.Tensor
     w2_scale_and_zero: torch.Tensor
     w2_group_size: int
+
+    def serves(self, dtype: torch.dtype) -> bool:
+        """Every accepted input dtype: all compute in ``KERNEL_DTYPE``."""
+        return dtype in ACTIVATION_DTYPES
 
 
 def has_cpu_int4_ops() -> bool:

@@ -22,6 +22,11 @@ from core.weights import QuantizedExpertWeights
 class ReferencePrepared(PreparedExperts):
     """The canonical weights as they are: the reference needs no repacking."""
 
+    def serves(self, dtype: torch.dtype) -> bool:
+        """Every dtype: nothing here depends on the input's."""
+        del dtype
+        return True
+
 
 @final
 class ReferenceBackend:

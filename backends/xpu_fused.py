@@ -53,6 +53,12 @@ class XPUFusedPrepared(PreparedExperts):
     experts: FusedExperts | None = None
     delegate: tuple[MoEBackend, PreparedExperts] | None = None
 
+    def serves(self, dtype: torch.dtype) -> bool:
+        """The delegate's answer, else ``self.dtype`` only (the provider's scales)."""
+        if self.delegate is not None:
+            return self.delegate[1].serves(dtype)
+        return dtype == self.dtype
+
 
 def _request_refusal(
     config: MoEConfig,

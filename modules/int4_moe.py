@@ -413,8 +413,9 @@ class Int4MoE(nn.Module):
         Returns:
             ``(..., D)`` in the dtype of ``hidden_states``.
 
-        One prepared form is cached, for the last input device and dtype: calls that
-        alternate dtypes prepare again each time. The input and the router weights get
+        One prepared form is cached, for the input device and the dtypes it serves
+        (``PreparedExperts.serves``): a call in a dtype it does not serve prepares
+        again and replaces it. The input and the router weights get
         gradients where autograd asks (``modules/backward.py``; the experts are frozen).
         Under ``torch.compile`` an inference graph holds the layer as one custom op
         (``modules/custom_op.py``); where a gradient is wanted it runs behind a break.
@@ -509,6 +510,14 @@ class Int4MoE(nn.Module):
             dtype=dtype,
             prefer=self.backend,
         )
+        if (
+            cache is not None
+            and cache.backend.name == backend.name
+            and cache.has_weights(qdata.device, self._buffers)
+            and cache.prepared.serves(dtype)
+        ):  # another dtype the same prepared form serves: no second prepare
+            self._prepared = cache.serving(dtype)
+            return cache.backend, cache.prepared
         prepared = backend.prepare(weights, self.config, dtype=dtype)
         if (
             torch._guards.detect_fake_mode() is None

@@ -42,7 +42,9 @@ class PreparedCache:
     """A backend's prepared experts, valid while the weight buffers stay the same.
 
     Attributes:
-        key: the input device and dtype it was prepared for.
+        device: the device it was prepared on.
+        dtypes: the input dtypes it serves: the one it was prepared for, and those
+            the same backend was selected for since and its prepared form serves.
         sources: each of ``WEIGHT_BUFFERS`` (``None`` where absent) at prepare time;
             held, so no other tensor can take their identity.
         data_ptrs: their data pointers then (catches ``buffer.data = ...``).
@@ -50,7 +52,8 @@ class PreparedCache:
         prepared: its prepared form.
     """
 
-    key: PreparedKey
+    device: torch.device
+    dtypes: frozenset[torch.dtype]
     sources: tuple[torch.Tensor | None, ...]
     data_ptrs: tuple[int, ...]
     backend: MoEBackend
@@ -67,23 +70,43 @@ class PreparedCache:
     ) -> "PreparedCache":
         """Remember ``prepared`` as built from the weight tensors in ``buffers``."""
         sources = _sources(buffers)
+        device, dtype = key
         return cls(
-            key=key,
+            device=device,
+            dtypes=frozenset((dtype,)),
             sources=sources,
             data_ptrs=_data_ptrs(sources),
             backend=backend,
             prepared=prepared,
         )
 
-    def is_current(self, key: PreparedKey, buffers: Buffers) -> bool:
-        """Whether it serves ``key`` from the very weight tensors it was built from.
+    def has_weights(self, device: torch.device, buffers: Buffers) -> bool:
+        """Whether it was built on ``device`` from the very tensors in ``buffers``.
 
         Each buffer must be the same tensor on the same memory; in-place edits are
         not seen (``Int4MoE.invalidate_prepared`` is for those).
         """
         now = _sources(buffers)
         return (
-            key == self.key
+            device == self.device
             and all(a is b for a, b in zip(now, self.sources, strict=True))
             and _data_ptrs(now) == self.data_ptrs
         )
+
+    def is_current(self, key: PreparedKey, buffers: Buffers) -> bool:
+        """Whether it serves ``key`` from the very weight tensors it was built from."""
+        device, dtype = key
+        return dtype in self.dtypes and self.has_weights(device, buffers)
+
+    def serving(self, dtype: torch.dtype) -> "PreparedCache":
+        """The same prepared form, also serving ``dtype``.
+
+        Raises:
+            ValueError: if the prepared form does not serve ``dtype``.
+        """
+        if not self.prepared.serves(dtype):
+            raise ValueError(
+                f"dtype must be one {self.backend.name}'s prepared form serves, "
+                f"got {dtype}"
+            )
+        return attrs.evolve(self, dtypes=self.dtypes | {dtype})

@@ -115,6 +115,10 @@ class TritonW4A16Prepared(PreparedExperts):
     w13: ExpertMatrix
     w2: ExpertMatrix
 
+    def serves(self, dtype: torch.dtype) -> bool:
+        """Every input dtype of the backend: nothing here depends on it."""
+        return dtype in _INPUT_DTYPES
+
 
 @final
 class TritonW4A16Backend:
@@ -187,6 +191,10 @@ class TritonEmulationPrepared(PreparedExperts):
 
     w13: ExpertMatrix
     w2: ExpertMatrix
+
+    def serves(self, dtype: torch.dtype) -> bool:
+        """The input dtypes that compute in the weights' dtype (fp32 and bf16 share)."""
+        return dtype in _INPUT_DTYPES and compute_dtype(dtype) == self.w13.data.dtype
 
 
 class EmulationMemoryWarning(BackendWarning):
@@ -272,7 +280,8 @@ class TritonEmulationBackend:
         """``(T, D)`` output in the dtype of ``hidden_TD``; no host synchronization.
 
         Raises:
-            DTypeError: if the prepared weights are packed int4 (uint8).
+            DTypeError: if the prepared weights are packed int4 (uint8), or in another
+                dtype than ``hidden_TD`` computes in (prepared for another dtype).
         """
         ready = check_prepared(prepared, TritonEmulationPrepared, self.name)
         for name, w in (("w13", ready.w13.data), ("w2", ready.w2.data)):
@@ -280,6 +289,12 @@ class TritonEmulationBackend:
                 raise DTypeError(
                     f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
                     f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
+                )
+            wanted = compute_dtype(hidden_TD.dtype)
+            if hidden_TD.dtype in _INPUT_DTYPES and w.dtype != wanted:
+                raise DTypeError(
+                    f"hidden_states in {hidden_TD.dtype} need {name} prepared in "
+                    f"{wanted}, got {w.dtype}: prepare again with dtype={hidden_TD.dtype}"
                 )
         return _fused_in_compute_dtype(
             hidden_TD, ready.w13, ready.w2, routing, ready.config

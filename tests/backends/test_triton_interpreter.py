@@ -241,3 +241,47 @@ def test_fp32_inputs_run_in_bf16(name: BackendName, generator: torch.Generator) 
     torch.testing.assert_close(actual, as_bf16.float(), rtol=0.0, atol=0.0)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     assert rel_l2(expected, actual) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+def test_prepared_forms_serve_the_dtypes_their_apply_takes(
+    generator: torch.Generator,
+) -> None:
+    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    config = tiny_config()
+    w4a16 = TritonW4A16Backend().prepare(weights, config, dtype=torch.float16)
+    assert [
+        w4a16.serves(d) for d in (torch.bfloat16, torch.float16, torch.float32)
+    ] == [
+        True,
+        True,
+        True,
+    ]
+    assert not w4a16.serves(torch.float64)
+    with pytest.warns(EmulationMemoryWarning):
+        emulation = TritonEmulationBackend().prepare(
+            weights, config, dtype=torch.float32
+        )
+    assert emulation.w13.data.dtype == torch.bfloat16
+    assert emulation.serves(torch.bfloat16)
+    assert emulation.serves(torch.float32)
+    assert not emulation.serves(torch.float16)
+
+
+def test_emulation_refuses_weights_prepared_for_another_dtype(
+    generator: torch.Generator,
+) -> None:
+    """fp16 weights with bf16 inputs: refused, naming both dtypes (not run mixed)."""
+    config = tiny_config()
+    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    with pytest.warns(EmulationMemoryWarning):
+        prepared = TritonEmulationBackend().prepare(
+            weights, config, dtype=torch.float16
+        )
+    hidden_TD = torch.randn(2, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(2, E, generator=generator), config)
+    with pytest.raises(
+        DTypeError,
+        match=r"^hidden_states in torch\.bfloat16 need w13 prepared in torch\.bfloat16, "
+        r"got torch\.float16: prepare again with dtype=torch\.bfloat16$",
+    ):
+        TritonEmulationBackend().apply(hidden_TD, prepared, routing)

@@ -279,6 +279,8 @@ def test_ipex_provider_matches_oracle(generator: torch.Generator) -> None:
     prepared = backend.prepare(weights, config, dtype=torch.float16)
     assert isinstance(prepared, XPUFusedPrepared)
     assert prepared.provider == "intel_extension_for_pytorch.GatedMLPMOE"
+    assert prepared.serves(torch.float16)
+    assert not prepared.serves(torch.bfloat16)  # the provider holds fp16 scales
     seen = ipex.built[0].received["W13"]
     assert seen.dtype == torch.int32
     assert seen.shape == (E, 2 * F, D // 8)

@@ -1,19 +1,24 @@
-"""Int4MoE's prepared form: rebuilt when its weights, dtype or backend change; never copied."""
+"""Int4MoE's prepared form: rebuilt when its weights, backend or a dtype it does not
+serve change; never copied."""
 
 import copy
 import io
-from typing import Any
+from typing import Any, final
 
 import attrs
 import pytest
 import torch
 
+from backends import register_backend
+from backends.base import PreparedExperts, Support, check_prepared
+from backends.cpu_int4 import CPUInt4Backend
 from backends.reference import ReferenceBackend
 from core.config import MoEConfig
 from core.errors import BackendUnavailableError
 from core.reference import moe_forward_reference
-from core.routing import route_topk
+from core.routing import Routing, route_topk
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, Int4Scheme
+from core.weights import QuantizedExpertWeights
 from modules import Int4MoE
 from modules.prepared import WEIGHT_BUFFERS, PreparedCache
 from tests.tolerances import EXACT, KERNEL_VS_ORACLE
@@ -158,3 +163,130 @@ def test_setting_backend_checks_and_selects_again(generator: torch.Generator) ->
     with pytest.raises(BackendUnavailableError, match=r"got 'nope'\. On cpu with"):
         moe.backend = "nope"
     assert moe.backend == "reference"
+
+
+DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+
+
+def _count_prepares(
+    monkeypatch: pytest.MonkeyPatch, cls: type[Any]
+) -> list[torch.dtype]:
+    """Record the dtype of every ``cls.prepare`` call from now on."""
+    calls: list[torch.dtype] = []
+    original = cls.prepare
+
+    def prepare(self: Any, *args: Any, dtype: torch.dtype, **kw: Any) -> Any:
+        calls.append(dtype)
+        return original(self, *args, dtype=dtype, **kw)
+
+    monkeypatch.setattr(cls, "prepare", prepare)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"), [("cpu-int4", CPUInt4Backend), ("reference", ReferenceBackend)]
+)
+def test_alternating_dtypes_prepare_once(
+    name: str,
+    cls: type[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    generator: torch.Generator,
+) -> None:
+    """A form that does not depend on the dtype serves each one: one prepare, and
+    each output equals a fresh layer's for that dtype alone."""
+    moe = _module(generator, backend=name)
+    fresh = {d: _module(torch.Generator().manual_seed(0), backend=name) for d in DTYPES}
+    for layer in fresh.values():
+        layer.load_state_dict(moe.state_dict())
+    x = torch.randn(5, 128, generator=generator)
+    logits = torch.randn(5, 8, generator=generator)
+    expected = {d: fresh[d](x.to(d), router_logits=logits) for d in DTYPES}
+    calls = _count_prepares(monkeypatch, cls)
+    for dtype in (*DTYPES, *DTYPES):
+        out = moe(x.to(dtype), router_logits=logits)
+        torch.testing.assert_close(out, expected[dtype], **EXACT)
+    assert calls == [torch.bfloat16]
+    assert moe.backend_name == name
+
+
+@final
+@attrs.frozen(kw_only=True, eq=False)
+class _OneDtypePrepared(PreparedExperts):
+    """Serves only the dtype it was prepared for (the base class's answer)."""
+
+
+class _OneDtypeBackend:
+    """The reference math behind a prepared form that serves one dtype."""
+
+    name = "one-dtype"
+
+    def supports(self, *args: Any, **kw: Any) -> Support:
+        return Support.yes()
+
+    def prepare(
+        self, weights: QuantizedExpertWeights, config: MoEConfig, *, dtype: torch.dtype
+    ) -> _OneDtypePrepared:
+        return _OneDtypePrepared(weights=weights, config=config, dtype=dtype)
+
+    def apply(
+        self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
+    ) -> torch.Tensor:
+        ready = check_prepared(prepared, _OneDtypePrepared, self.name)
+        assert hidden_TD.dtype == ready.dtype  # what the cache must guarantee
+        return moe_forward_reference(hidden_TD, ready.weights, routing, ready.config)
+
+
+def test_a_form_serving_one_dtype_is_prepared_on_each_switch(
+    monkeypatch: pytest.MonkeyPatch, generator: torch.Generator
+) -> None:
+    register_backend("one-dtype", _OneDtypeBackend, priority=1000)
+    moe = _module(generator, backend="one-dtype")
+    x = torch.randn(5, 128, generator=generator)
+    logits = torch.randn(5, 8, generator=generator)
+    calls = _count_prepares(monkeypatch, _OneDtypeBackend)
+    for dtype in (torch.bfloat16, torch.bfloat16, torch.float16, torch.bfloat16):
+        expected = moe_forward_reference(
+            x.to(dtype), moe.weights, route_topk(logits, CFG), CFG
+        )
+        torch.testing.assert_close(
+            moe(x.to(dtype), router_logits=logits), expected, **EXACT
+        )
+    assert calls == [torch.bfloat16, torch.float16, torch.bfloat16]
+
+
+@final
+class _Fp16Only(_OneDtypeBackend):
+    name = "fp16-only"
+
+    def supports(self, *args: Any, dtype: torch.dtype, **kw: Any) -> Support:
+        return Support.yes() if dtype == torch.float16 else Support.no("fp16 only")
+
+
+def test_another_backend_chosen_for_a_dtype_prepares(
+    generator: torch.Generator,
+) -> None:
+    """The served dtypes count only while ``auto`` picks the same backend."""
+    register_backend("fp16-only", _Fp16Only, priority=1000)
+    moe = _module(generator)
+    x = torch.randn(5, 128, generator=generator)
+    logits = torch.randn(5, 8, generator=generator)
+    names = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float16):
+        moe(x.to(dtype), router_logits=logits)
+        names.append(moe.backend_name)
+    assert names == ["cpu-int4", "fp16-only", "cpu-int4", "fp16-only"]
+
+
+def test_cache_refuses_to_serve_a_dtype_its_form_does_not(
+    generator: torch.Generator,
+) -> None:
+    moe = _module(generator)
+    backend = _OneDtypeBackend()
+    cache = PreparedCache.from_buffers(
+        dict(moe.named_buffers()),
+        key=(torch.device("cpu"), torch.bfloat16),
+        backend=backend,
+        prepared=backend.prepare(moe.weights, CFG, dtype=torch.bfloat16),
+    )
+    with pytest.raises(ValueError, match=r"one-dtype.*got torch\.float16"):
+        cache.serving(torch.float16)
