@@ -124,15 +124,26 @@ def _files_source(shards: dict[str, Path], device: str) -> _Source:
 
 
 def read_quantization_config(source: Source) -> dict[str, object] | None:
-    """The ``quantization_config`` of ``config.json`` beside a checkpoint, if any."""
+    """The ``quantization_config`` of ``config.json`` beside a checkpoint, if any.
+
+    Without one, the ``quantize_config.json`` that AutoGPTQ and GPTQModel write beside
+    their checkpoints (read as GPTQ unless it names another ``quant_method``).
+    """
     if isinstance(source, Mapping):
         return None
     path = Path(source)
-    config = (path if path.is_dir() else path.parent) / "config.json"
-    if not config.is_file():
-        return None
-    found = json.loads(config.read_text()).get("quantization_config")
-    return found if isinstance(found, dict) else None
+    folder = path if path.is_dir() else path.parent
+    config = folder / "config.json"
+    if config.is_file():
+        found = json.loads(config.read_text()).get("quantization_config")
+        if isinstance(found, dict):
+            return found
+    gptq = folder / "quantize_config.json"
+    if gptq.is_file():
+        found = json.loads(gptq.read_text())
+        if isinstance(found, dict):
+            return {"quant_method": "gptq", **found}
+    return None
 
 
 # ---------------------------------------------------------------------- layout
@@ -279,25 +290,39 @@ def load_experts(
     extra = rel - set(wanted)
     if extra:
         raise ConfigError(f"unexpected tensors under {base!r}: {_listing(extra, base)}")
-    router = [
-        n
-        for n in (
-            _join(prefix, "gate.weight"),
-            _join(prefix, "gate.e_score_correction_bias"),
-        )
-        if n in src.names
-    ]
+    gate_name = _join(prefix, "gate.weight")
+    bias_name = _correction_bias_name(prefix, src.names)
+    router = [n for n in (gate_name, bias_name) if n is not None and n in src.names]
     tensors = src.read([base + n for n in wanted] + router)
     weights = _assemble(plan, opts, {n: tensors[base + n] for n in wanted})
     _check_sizes(weights, config)
     return LoadedExperts(
         weights=weights,
-        gate_weight=tensors.get(_join(prefix, "gate.weight")),
-        e_score_correction_bias=tensors.get(
-            _join(prefix, "gate.e_score_correction_bias")
-        ),
+        gate_weight=tensors.get(gate_name),
+        e_score_correction_bias=None if bias_name is None else tensors[bias_name],
         format=opts.format,
     )
+
+
+def _correction_bias_name(prefix: str, names: frozenset[str]) -> str | None:
+    """The name of the router's correction bias, if the checkpoint has one.
+
+    On the gate (DeepSeek-V3) or on the block itself (MiniMax-M2); both raise.
+    """
+    found = [
+        n
+        for n in (
+            _join(prefix, "gate.e_score_correction_bias"),
+            _join(prefix, "e_score_correction_bias"),
+        )
+        if n in names
+    ]
+    if len(found) > 1:
+        raise ConfigError(
+            f"checkpoint must hold one e_score_correction_bias for {prefix!r}, got "
+            f"{found}"
+        )
+    return found[0] if found else None
 
 
 def _assemble(

@@ -7,6 +7,7 @@ May import core and modules. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` exp
 ``F`` intermediate, ``K`` top_k.
 """
 
+import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -229,6 +230,37 @@ def find_moe_blocks(model: nn.Module) -> dict[str, nn.Module]:
     return found
 
 
+def _check_block(name: str, block: nn.Module) -> None:
+    """Refuse a block whose routing ``Int4SparseMoeBlock`` would not reproduce.
+
+    It calls the router on the hidden states alone, so routing state kept on the
+    block itself (MiniMax-M2's ``e_score_correction_bias``, passed to its router's
+    forward) would be dropped.
+
+    Raises:
+        ConfigError: naming the block and what it holds or its router needs.
+    """
+    if isinstance(getattr(block, "e_score_correction_bias", None), torch.Tensor):
+        raise ConfigError(
+            f"MoE block {name!r} must keep its routing state in its router, got "
+            "e_score_correction_bias on the block itself (MiniMax-M2's layout, not "
+            "supported)"
+        )
+    router = next(getattr(block, r) for r in _ROUTERS if hasattr(block, r))
+    params = inspect.signature(router.forward).parameters.values()
+    required = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if len(required) != 1:
+        raise ConfigError(
+            f"the router of MoE block {name!r} must take the hidden states alone, got "
+            f"{type(router).__name__}.forward requiring {required}"
+        )
+
+
 def _param(module: nn.Module, name: str) -> torch.Tensor:
     value = getattr(module, name, None)
     if not isinstance(value, torch.Tensor):
@@ -398,6 +430,8 @@ def replace_moe_blocks(
     )
     model_type = str(getattr(hf_config, "model_type", ""))
     blocks = find_moe_blocks(model)
+    for name, block in blocks.items():  # all checked before any is replaced
+        _check_block(name, block)
     for name, block in blocks.items():
         experts = _int4_experts(
             name,

@@ -5,6 +5,12 @@ column at bits ``4j..4j+3`` of word ``i``), ``scales`` ``(K/G, N)``, ``qzeros`` 
 ``(K/G, N/8)`` packed along N, and ``g_idx`` ``(K,)``. Format v1 (the on-disk
 ``checkpoint_format="gptq"``) stores ``z - 1``; v2 stores ``z``. Value:
 ``scales[g_idx[k], n] * (q[k, n] - z[g_idx[k], n])``.
+
+v1 and a zero point of 0: GPTQModel writes v1 by subtracting ``0x11111111`` from each
+whole word, so a zero point of 0 is stored as 15 and borrows one from the nibble above
+(it reads v1 back by adding ``0x11111111``); AutoGPTQ's packer writes ``-1`` over every
+nibble above it instead, which cannot be read back. Without a stored 15 both equal
+adding one to each nibble.
 Shape legend: ``N`` out, ``K`` in, ``G`` groups, ``S`` stored scale rows, ``W`` words.
 Imports only torch and core.
 """
@@ -25,33 +31,66 @@ from core.formats.projection import (
 
 GPTQFormat = Literal["gptq", "gptq_v2"]
 SYMMETRIC_ZERO = 8
+_V1_WORD_OFFSET = 0x11111111
+"""One added to each nibble of a word, carries included (GPTQModel's v1 -> v2)."""
 
 
 def gptq_zero_points(
-    qzeros_SW: torch.Tensor, *, checkpoint_format: GPTQFormat = "gptq"
+    qzeros_SW: torch.Tensor,
+    *,
+    checkpoint_format: GPTQFormat | None = "gptq",
+    v1_word_carry: bool = False,
 ) -> torch.Tensor:
     """Unpack GPTQ ``qzeros`` to true zero points ``(..., S, N)`` as int16.
 
-    v1 adds one to each stored nibble, so a stored 15 means 16, which no 4-bit code can
-    hold; that is refused.
+    Args:
+        qzeros_SW: int32 ``(..., S, W)``.
+        checkpoint_format: `gptq` (v1, stores ``z - 1``), `gptq_v2` (stores ``z``), or
+            ``None`` when nothing says which: then only a symmetric layer can be read
+            (every stored code 7 is v1's zero point 8, every code 8 is v2's).
+        v1_word_carry: v1 written by GPTQModel's whole-word arithmetic (see the
+            module docstring): a stored 15 is then a zero point of 0.
 
     Raises:
-        ConfigError: for a v1 stored zero point of 15, or an unknown format.
+        ConfigError: for a v1 stored 15 without ``v1_word_carry``, an unknown format,
+            or asymmetric zero points with ``checkpoint_format=None``.
     """
     check_int32("qzeros", qzeros_SW)
-    if checkpoint_format not in ("gptq", "gptq_v2"):
+    if checkpoint_format not in ("gptq", "gptq_v2", None):
         raise ConfigError(
             f"checkpoint_format must be `gptq` or `gptq_v2`, got {checkpoint_format!r}"
         )
-    zeros = unpack_words(qzeros_SW).to(torch.int16)
-    if checkpoint_format == "gptq":
-        zeros = zeros + 1
-        if bool((zeros > 15).any()):
-            raise ConfigError(
-                "qzeros holds the GPTQ v1 code 15 (zero point 16), which a 4-bit zero "
-                "point cannot represent; re-export the checkpoint as gptq_v2"
-            )
-    return zeros
+    stored = unpack_words(qzeros_SW).to(torch.int16)
+    if checkpoint_format is None:
+        checkpoint_format = _symmetric_format(stored)
+    if checkpoint_format == "gptq_v2":
+        return stored
+    if not bool((stored == 15).any()):
+        return stored + 1
+    if not v1_word_carry:
+        raise ConfigError(
+            "qzeros holds the GPTQ v1 code 15: a zero point of 0 if GPTQModel wrote it "
+            "(whole-word arithmetic; its quantization_config meta.quantizer names "
+            "gptqmodel, which selects that reading), garbled if AutoGPTQ's packer did "
+            "(re-export the checkpoint as gptq_v2)"
+        )
+    carried = (qzeros_SW.to(torch.int64) + _V1_WORD_OFFSET) & 0xFFFFFFFF
+    as_int32 = torch.where(carried >= 1 << 31, carried - (1 << 32), carried)
+    return unpack_words(as_int32.to(torch.int32)).to(torch.int16)
+
+
+def _symmetric_format(stored: torch.Tensor) -> GPTQFormat:
+    """v1 when every stored code is 7, v2 when every one is 8; else refuse."""
+    if bool((stored == SYMMETRIC_ZERO - 1).all()):
+        return "gptq"
+    if bool((stored == SYMMETRIC_ZERO).all()):
+        return "gptq_v2"
+    raise ConfigError(
+        "GPTQ qzeros with zero points other than the symmetric 8 read differently in "
+        "v1 (stores z - 1) and v2 (stores z), and nothing says which this is: pass "
+        "quantization_config={'quant_method': 'gptq', 'checkpoint_format': 'gptq' or "
+        "'gptq_v2'} (a state dict of a model loaded through GPTQModel holds v2)"
+    )
 
 
 def from_gptq(
@@ -62,7 +101,8 @@ def from_gptq(
     *,
     group_size: int | None = None,
     symmetric: bool | None = None,
-    checkpoint_format: GPTQFormat = "gptq",
+    checkpoint_format: GPTQFormat | None = "gptq",
+    v1_word_carry: bool = False,
 ) -> Int4Projection:
     """Convert one GPTQ projection (or a stack with leading dims) exactly.
 
@@ -79,7 +119,9 @@ def from_gptq(
             :func:`~core.formats.projection.group_size_of`).
         symmetric: ``True`` requires every zero point to be 8 and drops them;
             ``None`` drops them when they all are 8; ``False`` keeps them.
-        checkpoint_format: `gptq` (v1, stores ``z - 1``) or `gptq_v2`.
+        checkpoint_format: `gptq` (v1, stores ``z - 1``), `gptq_v2`, or ``None``
+            when not known (symmetric zero points only; see :func:`gptq_zero_points`).
+        v1_word_carry: v1 written by GPTQModel (see :func:`gptq_zero_points`).
 
     Raises:
         ShapeError, DTypeError, ConfigError: on malformed or unrepresentable input.
@@ -97,7 +139,7 @@ def from_gptq(
     group, rows_B = resolve_groups(
         "scales", k, stored, declared=group_size, g_idx=g_idx, g_idx_name="g_idx"
     )
-    zero_NS = _zeros(qzeros, n, stored, checkpoint_format)
+    zero_NS = _zeros(qzeros, n, stored, checkpoint_format, v1_word_carry=v1_word_carry)
     if rows_B is not None:
         scale_NS = scale_NS[..., rows_B]
         zero_NS = None if zero_NS is None else zero_NS[..., rows_B]
@@ -106,11 +148,18 @@ def from_gptq(
 
 
 def _zeros(
-    qzeros: torch.Tensor | None, n: int, stored: int, checkpoint_format: GPTQFormat
+    qzeros: torch.Tensor | None,
+    n: int,
+    stored: int,
+    checkpoint_format: GPTQFormat | None,
+    *,
+    v1_word_carry: bool,
 ) -> torch.Tensor | None:
     if qzeros is None:
         return None
-    zeros_SN = gptq_zero_points(qzeros, checkpoint_format=checkpoint_format)
+    zeros_SN = gptq_zero_points(
+        qzeros, checkpoint_format=checkpoint_format, v1_word_carry=v1_word_carry
+    )
     if zeros_SN.shape[-2] != stored or zeros_SN.shape[-1] < n:
         raise ShapeError(
             f"qzeros must be (K/G={stored}, N/8={(n + 7) // 8}), got {tuple(qzeros.shape)}"

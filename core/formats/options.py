@@ -82,7 +82,9 @@ def _to_import_format(value: str) -> ImportFormat:
     return found
 
 
-def _to_gptq_format(value: str) -> GPTQCheckpointFormat:
+def _to_gptq_format(value: str | None) -> GPTQCheckpointFormat | None:
+    if value is None:
+        return None
     found = _GPTQ_FORMATS.get(value)
     if found is None:
         raise ConfigError(
@@ -100,15 +102,21 @@ class FormatOptions:
             ``compressed_tensors`` are accepted; other names raise ``ConfigError``).
         group_size: declared group size (``-1``: whole rows; ``None``: from shapes).
         symmetric: declared symmetry, ``None`` when not said.
-        checkpoint_format: GPTQ only: `gptq` (v1, zero points minus one) or `gptq_v2`.
+        checkpoint_format: GPTQ only: `gptq` (v1, zero points minus one), `gptq_v2`,
+            or ``None`` when not said (no ``quantization_config``): then only
+            symmetric zero points are read (see
+            :func:`~core.formats.gptq.gptq_zero_points`).
+        gptq_v1_word_carry: GPTQ v1 written by GPTQModel (its ``meta.quantizer``),
+            whose whole-word arithmetic stores a zero point of 0 as 15.
     """
 
     format: ImportFormat = attrs.field(converter=_to_import_format)
     group_size: int | None = None
     symmetric: bool | None = None
-    checkpoint_format: GPTQCheckpointFormat = attrs.field(
-        default="gptq", converter=_to_gptq_format
+    checkpoint_format: GPTQCheckpointFormat | None = attrs.field(
+        default=None, converter=_to_gptq_format
     )
+    gptq_v1_word_carry: bool = False
 
 
 def _method(config: Mapping[str, object]) -> str:
@@ -155,16 +163,34 @@ def parse_quantization_config(
         )
     if method == "gptq":
         _int4("quantization_config bits", config.get("bits", 4))
+        if config.get("is_marlin_format") is True:
+            raise ConfigError(
+                "quantization_config is_marlin_format must be false: AutoGPTQ's Marlin "
+                "checkpoints (tensors `B` and `s`, repacked for that kernel) are not "
+                "read; use the GPTQ checkpoint they were converted from"
+            )
         sym = config.get("sym")
         return FormatOptions(
             format=method,
             group_size=_opt_int(config.get("group_size")),
             symmetric=sym if isinstance(sym, bool) else None,
+            # Configs older than the key (AutoGPTQ < 0.7) are v1.
             checkpoint_format=str(config.get("checkpoint_format", "gptq")),
+            gptq_v1_word_carry=_written_by_gptqmodel(config),
         )
     if method == "awq":
         return _awq_options(config)
     return _ct_options(config, module_names)
+
+
+def _written_by_gptqmodel(config: Mapping[str, object]) -> bool:
+    """Whether ``meta.quantizer`` (a string or a list of them) names GPTQModel."""
+    meta = config.get("meta")
+    quantizer = meta.get("quantizer") if isinstance(meta, Mapping) else None
+    names = [quantizer] if isinstance(quantizer, str) else quantizer
+    if not isinstance(names, list):
+        return False
+    return any(isinstance(n, str) and n.lower().startswith("gptqmodel") for n in names)
 
 
 def _opt_int(value: object) -> int | None:
@@ -245,6 +271,7 @@ def _import_gptq(opts: FormatOptions, t: Mapping[str, torch.Tensor]) -> Int4Proj
         group_size=opts.group_size,
         symmetric=opts.symmetric,
         checkpoint_format=opts.checkpoint_format,
+        v1_word_carry=opts.gptq_v1_word_carry,
     )
 
 

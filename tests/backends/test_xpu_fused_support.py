@@ -70,7 +70,8 @@ def test_delegates_to_triton_when_no_provider_imports(
     prepared = backend.prepare(weights, make_config(), dtype=torch.bfloat16)
     assert prepared.provider == "triton-w4a16"
     assert prepared.delegate is not None
-    assert prepared.serves(torch.float16)  # the delegate's (here the reference's) answer
+    # The delegate's (here the reference's) answer.
+    assert prepared.serves(torch.float16)
     hidden = torch.randn(T, D, generator=generator).to(torch.bfloat16)
     routing = make_routing(generator)
     torch.testing.assert_close(

@@ -60,11 +60,13 @@ def _projections(
     }
 
 
-def _gptq_state(w: QuantizedExpertWeights) -> dict[str, torch.Tensor]:
+def _gptq_state(
+    w: QuantizedExpertWeights, *, v1: bool = True
+) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for e in range(w.num_experts):
         for proj, (codes, scale, zero) in _projections(w, e).items():
-            qweight, qzeros = gptq_pack(codes.T.long(), zero.T.long())
+            qweight, qzeros = gptq_pack(codes.T.long(), zero.T.long(), v1=v1)
             k = codes.shape[1]
             name = f"{PREFIX}.experts.{e}.{proj}"
             out |= {
@@ -150,6 +152,41 @@ def test_gptq_v2_needs_the_quantization_config(generator: torch.Generator) -> No
     assert shifted.w13_zero_point is not None
     assert w.w13_zero_point is not None
     assert torch.equal(shifted.w13_zero_point.long() + 1, w.w13_zero_point.long())
+
+
+def test_gptq_state_without_a_config_reads_symmetric_v1_and_v2(
+    generator: torch.Generator,
+) -> None:
+    """Symmetric zero points tell v1 (7 stored) from v2 (8 stored): both read exactly."""
+    w = _weights(generator, INT4_SYM_G32)
+    for v1 in (True, False):
+        state = _gptq_state(w, v1=v1)
+        _same(w, load_experts(state, prefix=PREFIX, config=CFG).weights)
+
+
+def test_gptq_state_without_a_config_refuses_asymmetric(
+    generator: torch.Generator,
+) -> None:
+    """v1 and v2 would read one zero point apart: refused rather than guessed."""
+    state = _gptq_state(_weights(generator, INT4_ASYM_G32))
+    with pytest.raises(ConfigError, match="nothing says which this is"):
+        load_experts(state, prefix=PREFIX, config=CFG)
+
+
+@pytest.mark.parametrize("version", ["gptq", "gptq_v2"])
+def test_gptq_folder_reads_quantize_config_json(
+    version: str, generator: torch.Generator, tmp_path: Path
+) -> None:
+    """AutoGPTQ/GPTQModel's own file says the version when config.json does not."""
+    w = _weights(generator, INT4_ASYM_G32)
+    state = _gptq_state(w, v1=version == "gptq")
+    save_file(state, str(tmp_path / "m.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    (tmp_path / "quantize_config.json").write_text(
+        json.dumps({"bits": 4, "group_size": 32, "sym": False,
+                    "checkpoint_format": version})
+    )  # fmt: skip
+    _same(w, load_experts(tmp_path, prefix=PREFIX, config=CFG).weights)
 
 
 def test_fused_three_d_experts(generator: torch.Generator) -> None:
@@ -358,3 +395,23 @@ def test_files_without_safetensors_say_what_to_install(
     monkeypatch.setitem(sys.modules, "safetensors", None)  # import fails
     with pytest.raises(ImportError, match=r"needs safetensors: pip install"):
         load_experts(tmp_path, prefix=PREFIX, config=CFG)
+
+
+@pytest.mark.parametrize("where", ["gate.", ""], ids=["on_gate", "on_block"])
+def test_correction_bias_is_read_from_the_gate_or_the_block(
+    where: str, generator: torch.Generator
+) -> None:
+    """DeepSeek-V3 stores it on the gate, MiniMax-M2 on the block; both at once is
+    ambiguous and raises."""
+    w = _weights(generator, INT4_SYM_G32)
+    bias = torch.randn(3, generator=generator)
+    state = _ct_state(w) | {f"{PREFIX}.{where}e_score_correction_bias": bias}
+    loaded = load_experts(state, prefix=PREFIX, config=CFG)
+    assert loaded.e_score_correction_bias is not None
+    torch.testing.assert_close(loaded.e_score_correction_bias, bias, **EXACT)
+    both = state | {
+        f"{PREFIX}.gate.e_score_correction_bias": bias,
+        f"{PREFIX}.e_score_correction_bias": bias,
+    }
+    with pytest.raises(ConfigError, match="must hold one e_score_correction_bias"):
+        load_experts(both, prefix=PREFIX, config=CFG)

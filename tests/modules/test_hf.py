@@ -22,6 +22,8 @@ from transformers import (
     Llama4ForCausalLM,
     Llama4TextConfig,
     LlamaConfig,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedModel,
@@ -454,3 +456,38 @@ def test_another_family_runs_on_its_own_router(generator: torch.Generator) -> No
         _logits(dequantized, ids),
         **KERNEL_VS_ORACLE[torch.float32],
     )
+
+
+def test_blocks_routing_outside_their_router_are_refused() -> None:
+    """MiniMax-M2 keeps its correction bias on the block and passes it to the router:
+    refused before anything is replaced (the router alone would fail at forward)."""
+    model = MiniMaxM2ForCausalLM(
+        MiniMaxM2Config(
+            **COMMON,
+            **HEAD_DIM,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+    )
+    names = list(find_moe_blocks(model))
+    assert names == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    with pytest.raises(
+        ConfigError,
+        match=r"^MoE block 'model\.layers\.0\.mlp' must keep its routing state in its "
+        r"router, got e_score_correction_bias on the block itself",
+    ):
+        replace_moe_blocks(model, backend="reference")
+    assert all(find_moe_blocks(model)[n].__class__.__name__ != "Int4SparseMoeBlock"
+               for n in names)  # fmt: skip
+    for name in names:  # a router needing more than the hidden states, alone
+        del model.get_submodule(name).e_score_correction_bias
+    with pytest.raises(
+        ConfigError,
+        match=r"^the router of MoE block 'model\.layers\.0\.mlp' must take the hidden "
+        r"states alone, got MiniMaxM2TopKRouter\.forward requiring "
+        r"\['hidden_states', 'e_score_correction_bias'\]$",
+    ):
+        replace_moe_blocks(model, backend="reference")

@@ -48,6 +48,14 @@ def gptq_pack(
     return _to_int32(qweight), _to_int32(qzeros)
 
 
+def gptqmodel_v1_qzeros(qzeros_v2: torch.Tensor) -> torch.Tensor:
+    """v2 ``qzeros`` to v1 as GPTQModel writes it: ``0x11111111`` subtracted from each
+    whole word modulo 2^32, so a zero point of 0 borrows from the nibble above."""
+    return _to_int32(
+        [[(w - 0x11111111) % (1 << 32) for w in row] for row in qzeros_v2.tolist()]
+    )
+
+
 def gptq_dequantize(
     qweight: torch.Tensor,
     scales: torch.Tensor,

@@ -9,6 +9,7 @@ from tests.core.formats.packers import (
     dequantize_projection,
     gptq_dequantize,
     gptq_pack,
+    gptqmodel_v1_qzeros,
 )
 from tests.tolerances import EXACT
 
@@ -78,12 +79,72 @@ def test_gptq_symmetric_refuses_other_zero_points(generator: torch.Generator) ->
         from_gptq(qweight, _scales(generator), qzeros, symmetric=True)
 
 
-def test_gptq_v1_zero_point_sixteen_is_refused(generator: torch.Generator) -> None:
-    qweight, qzeros = gptq_pack(
-        _codes(generator, K, N), torch.zeros(K // G, N, dtype=torch.int64)
+def test_gptq_v1_code_fifteen_is_read_only_as_gptqmodels_borrow(
+    generator: torch.Generator,
+) -> None:
+    """A zero point of 0 in GPTQModel's v1 is a stored 15 that borrowed from the nibble
+    above (a chain of them at columns 3-5, one at a word's last nibble, column 7):
+    refused by default, exact with ``v1_word_carry``."""
+    codes = _codes(generator, K, N)
+    zeros = torch.randint(1, 16, (K // G, N), generator=generator)
+    zeros[0, 3:6] = 0
+    zeros[1, 7] = 0
+    qweight, v2 = gptq_pack(codes, zeros, v1=False)
+    v1 = gptqmodel_v1_qzeros(v2)
+    scales = _scales(generator)
+    with pytest.raises(ConfigError, match="GPTQ v1 code 15: a zero point of 0 if"):
+        from_gptq(qweight, scales, v1)
+    proj = from_gptq(qweight, scales, v1, v1_word_carry=True)
+    assert proj.zero_point is not None
+    assert torch.equal(proj.zero_point.T.long(), zeros)
+    expected_KN = gptq_dequantize(
+        qweight, scales, v2, (torch.arange(K) // G).tolist(), v1=False
     )
-    with pytest.raises(ConfigError, match="zero point 16"):
-        from_gptq(qweight, _scales(generator), qzeros)
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+
+
+def test_gptq_v1_word_carry_changes_nothing_without_a_fifteen(
+    generator: torch.Generator,
+) -> None:
+    zeros = torch.randint(1, 16, (K // G, N), generator=generator)
+    qweight, v1 = gptq_pack(_codes(generator, K, N), zeros)
+    _, v2 = gptq_pack(_codes(generator, K, N), zeros, v1=False)
+    assert torch.equal(gptqmodel_v1_qzeros(v2), v1)  # the two v1 writers agree here
+    scales = _scales(generator)
+    carried = from_gptq(qweight, scales, v1, v1_word_carry=True)
+    plain = from_gptq(qweight, scales, v1)
+    assert carried.zero_point is not None
+    assert plain.zero_point is not None
+    assert torch.equal(carried.zero_point, plain.zero_point)
+
+
+@pytest.mark.parametrize("v1", [True, False], ids=["v1", "v2"])
+def test_gptq_unknown_format_reads_symmetric_zero_points(
+    v1: bool, generator: torch.Generator
+) -> None:
+    qweight, qzeros = gptq_pack(
+        _codes(generator, K, N), torch.full((K // G, N), 8), v1=v1
+    )
+    scales = _scales(generator)
+    proj = from_gptq(qweight, scales, qzeros, checkpoint_format=None)
+    assert proj.zero_point is None
+    expected_KN = gptq_dequantize(
+        qweight, scales, qzeros, (torch.arange(K) // G).tolist(), v1=v1
+    )
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+
+
+def test_gptq_unknown_format_refuses_asymmetric_zero_points(
+    generator: torch.Generator,
+) -> None:
+    zeros = torch.randint(1, 16, (K // G, N), generator=generator)
+    qweight, qzeros = gptq_pack(_codes(generator, K, N), zeros)
+    with pytest.raises(ConfigError, match="nothing says which this is: pass"):
+        from_gptq(qweight, _scales(generator), qzeros, checkpoint_format=None)
 
 
 def test_gptq_block_relabelled_g_idx_is_honoured(generator: torch.Generator) -> None:

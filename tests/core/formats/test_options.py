@@ -1,5 +1,6 @@
 """Format names, quantization_config parsing and import dispatch."""
 
+import attrs
 import pytest
 import torch
 
@@ -63,7 +64,9 @@ def test_import_projection_dispatches_on_the_normalised_name(
     qweight, qzeros = gptq_pack(codes, zeros)
     scales = (torch.rand(2, 16, generator=generator) + 0.1).to(torch.float16)
     tensors = {"qweight": qweight, "scales": scales, "qzeros": qzeros}
-    proj = import_projection(FormatOptions(format="GPTQ"), tensors)
+    proj = import_projection(
+        FormatOptions(format="GPTQ", checkpoint_format="gptq"), tensors
+    )
     expected_KN = gptq_dequantize(
         qweight, scales, qzeros, (torch.arange(64) // 32).tolist()
     )
@@ -116,3 +119,41 @@ def test_compressed_tensors_group_of_the_experts_is_read() -> None:
         match=r"'group_0' weights num_bits must be 4 for int4 experts, got 8",
     ):
         parse_quantization_config(swapped, "auto", module_names=EXPERTS)
+
+
+@pytest.mark.parametrize(
+    ("meta", "carry"),
+    [
+        ({"quantizer": ["gptqmodel:4.0.0"], "uri": "x"}, True),
+        ({"quantizer": "GPTQModel:2.2.0"}, True),
+        ({"quantizer": ["optimum:1.24"]}, False),
+        (None, False),
+    ],
+)
+def test_gptq_config_says_format_and_writer(
+    meta: dict[str, object] | None, carry: bool
+) -> None:
+    config: dict[str, object] = {"quant_method": "gptq", "bits": 4, "group_size": 32}
+    if meta is not None:
+        config["meta"] = meta
+    opts = parse_quantization_config(config)
+    assert opts is not None
+    assert opts.checkpoint_format == "gptq"  # a config without the key is v1
+    assert opts.gptq_v1_word_carry is carry
+    config["checkpoint_format"] = "gptq_v2"
+    assert parse_quantization_config(config) == attrs.evolve(
+        opts, checkpoint_format="gptq_v2"
+    )
+
+
+def test_gptq_without_a_config_leaves_the_version_unsaid() -> None:
+    opts = parse_quantization_config(None, "gptq")
+    assert opts == FormatOptions(format="gptq")
+    assert opts.checkpoint_format is None
+    assert not opts.gptq_v1_word_carry
+
+
+def test_gptq_marlin_checkpoints_are_refused_by_name() -> None:
+    config = {"quant_method": "gptq", "bits": 4, "is_marlin_format": True}
+    with pytest.raises(ConfigError, match="is_marlin_format must be false"):
+        parse_quantization_config(config)
