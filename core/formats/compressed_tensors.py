@@ -12,7 +12,7 @@ Shape legend: ``N`` out, ``K`` in, ``G`` groups, ``W`` words. Imports torch and 
 import torch
 import torch.nn.functional as F
 
-from core.errors import ShapeError
+from core.errors import DTypeError, ShapeError
 from core.formats.experts import split_experts
 from core.formats.projection import (
     NIBBLES_PER_WORD,
@@ -101,6 +101,13 @@ def from_compressed_tensors(
 
 
 def _unpack_zero(weight_zero_point: torch.Tensor, n: int) -> torch.Tensor:
+    if weight_zero_point.dtype == torch.int8:
+        raise DTypeError(
+            "weight_zero_point must be int32 packed words, got int8: zero points "
+            "stored unpacked, as compressed-tensors wrote them before it packed them "
+            "(April 2025), are not read; re-save the checkpoint with a current "
+            "compressed-tensors"
+        )
     check_int32("weight_zero_point", weight_zero_point)
     check_ndim("weight_zero_point", weight_zero_point, 2)
     zeros_SN = unpack_words(weight_zero_point.transpose(-1, -2))

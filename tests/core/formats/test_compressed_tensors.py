@@ -16,7 +16,7 @@ from compressed_tensors.quantization import (
     QuantizationType,
 )
 
-from core.errors import ConfigError, ShapeError
+from core.errors import ConfigError, DTypeError, ShapeError
 from core.formats import (
     Int4Projection,
     export_expert_weights,
@@ -282,3 +282,16 @@ def test_partial_last_group_and_bad_g_idx_are_refused(
         ShapeError, match=r"weight_g_idx must have shape \(K,\) = \(96,\)"
     ):
         from_compressed_tensors(packed, scale, None, shape, by_group[:64])
+
+
+def test_unpacked_int8_zero_points_are_refused_by_name(
+    generator: torch.Generator,
+) -> None:
+    """Checkpoints older than packed zero points stored them as int8 ``(N, K/G)``."""
+    state, _ = _their_compress(generator, 16, 64, symmetric=False, group_size=32)
+    zp = unpack_from_int32(
+        state["weight_zero_point"], 4, torch.Size((16, 2)), packed_dim=0
+    )
+    state["weight_zero_point"] = zp.to(torch.int8)
+    with pytest.raises(DTypeError, match="got int8: zero points stored unpacked"):
+        _import(state)
