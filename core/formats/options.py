@@ -4,6 +4,7 @@ Pure: parses plain dicts (the ``config.json`` entry) and dispatches to the GPTQ,
 and compressed-tensors importers. Imports only torch, attrs and core.
 """
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Literal, TypeAlias
 
@@ -147,7 +148,8 @@ def parse_quantization_config(
         fmt: `auto` or a format name (see :func:`to_checkpoint_format`).
         module_names: full module names of the expert projections; they choose the
             compressed-tensors ``config_groups`` entry (see
-            :func:`~core.formats.targets.select_config_group`).
+            :func:`~core.formats.targets.select_config_group`) and GPTQModel's
+            ``dynamic`` overrides.
 
     Raises:
         ConfigError: for an unknown ``fmt``, a non-int4 or unknown layout, or when
@@ -162,6 +164,7 @@ def parse_quantization_config(
             f"format={fmt!r} contradicts quantization_config quant_method={method!r}"
         )
     if method == "gptq":
+        config = _with_dynamic_override(config, module_names)
         _int4("quantization_config bits", config.get("bits", 4))
         if config.get("is_marlin_format") is True:
             raise ConfigError(
@@ -181,6 +184,67 @@ def parse_quantization_config(
     if method == "awq":
         return _awq_options(config)
     return _ct_options(config, module_names)
+
+
+def _dynamic_rule(
+    dynamic: Mapping[str, object], module: str
+) -> tuple[str, Mapping[str, object] | None] | None:
+    """GPTQModel's ``dynamic`` rule for ``module``, or ``None`` when none matches.
+
+    Returns ``(pattern, overrides)``, with ``None`` overrides for an exclusion (``-:``).
+    The first pattern in order that ``re.match``es the module name decides; ``+:`` or
+    no prefix overrides the base config's keys.
+    """
+    for pattern, overrides in dynamic.items():
+        if pattern.startswith("-:"):
+            if re.match(pattern[2:], module):
+                return pattern, None
+        elif re.match(pattern.removeprefix("+:"), module):
+            if not isinstance(overrides, Mapping):
+                raise ConfigError(
+                    f"quantization_config dynamic[{pattern!r}] must be a mapping of "
+                    f"overrides, got {overrides!r}"
+                )
+            return pattern, overrides
+    return None
+
+
+def _with_dynamic_override(
+    config: Mapping[str, object], module_names: Sequence[str]
+) -> Mapping[str, object]:
+    """The GPTQ config with its ``dynamic`` overrides for the expert modules applied.
+
+    Raises:
+        ConfigError: when a rule excludes an expert module from quantization, or the
+            expert modules get different overrides.
+    """
+    dynamic = config.get("dynamic")
+    if not dynamic or not module_names:
+        return config
+    if not isinstance(dynamic, Mapping):
+        raise ConfigError(
+            f"quantization_config dynamic must be a mapping, got {dynamic!r}"
+        )
+    rules = {name: _dynamic_rule(dynamic, name) for name in module_names}
+    excluded = [(n, r[0]) for n, r in rules.items() if r is not None and r[1] is None]
+    if excluded:
+        raise ConfigError(
+            "quantization_config dynamic must quantize every expert module, got "
+            f"{[n for n, _ in excluded[:3]]} excluded by {excluded[0][1]!r}"
+        )
+    overrides = {
+        n: dict(r[1]) if r is not None and r[1] is not None else {}
+        for n, r in rules.items()
+    }
+    first = next(iter(overrides.values()))
+    differing = [n for n, o in overrides.items() if o != first]
+    if differing:
+        raise ConfigError(
+            "quantization_config dynamic must give every expert module the same "
+            f"overrides, got {first} for {module_names[0]!r} and "
+            f"{overrides[differing[0]]} for {differing[0]!r}"
+        )
+    return {**config, **first}
 
 
 def _written_by_gptqmodel(config: Mapping[str, object]) -> bool:

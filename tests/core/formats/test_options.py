@@ -157,3 +157,67 @@ def test_gptq_marlin_checkpoints_are_refused_by_name() -> None:
     config = {"quant_method": "gptq", "bits": 4, "is_marlin_format": True}
     with pytest.raises(ConfigError, match="is_marlin_format must be false"):
         parse_quantization_config(config)
+
+
+EXPERT_MODULES = [
+    f"model.layers.1.mlp.experts.{e}.{p}"
+    for e in range(2)
+    for p in ("gate_proj", "up_proj", "down_proj")
+]
+
+
+def _gptq_dynamic(dynamic: dict[str, object]) -> dict[str, object]:
+    return {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "sym": True,
+        "checkpoint_format": "gptq",
+        "dynamic": dynamic,
+    }
+
+
+def test_gptq_dynamic_overrides_apply_to_the_experts() -> None:
+    """GPTQModel's first matching rule decides: here the experts' group 32, asym."""
+    config = _gptq_dynamic(
+        {
+            r"+:.*\.self_attn\..*": {"group_size": 64},
+            r".*\.experts\..*": {"group_size": 32, "sym": False},
+            r".*": {"bits": 8},
+        }
+    )
+    opts = parse_quantization_config(config, module_names=EXPERT_MODULES)
+    assert opts is not None
+    assert (opts.group_size, opts.symmetric) == (32, False)
+    attention = parse_quantization_config(
+        config, module_names=["model.layers.1.self_attn.q_proj"]
+    )
+    assert attention is not None
+    assert attention.group_size == 64
+    assert parse_quantization_config(_gptq_dynamic({})) == FormatOptions(
+        format="gptq", group_size=128, symmetric=True, checkpoint_format="gptq"
+    )
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "message"),
+    [
+        (
+            {r"-:.*\.experts\.1\..*": {}},
+            r"must quantize every expert module, got \['model\.layers\.1\.mlp\.experts"
+            r"\.1\.gate_proj'.* excluded by '-:\.\*",
+        ),
+        (
+            {r".*\.experts\.0\..*": {"group_size": 32}},
+            r"same overrides, got \{'group_size': 32\} for .*experts\.0\.gate_proj' "
+            r"and \{\} for .*experts\.1\.gate_proj'",
+        ),
+        ({r".*experts.*": {"bits": 8}}, r"bits must be 4 for int4 experts, got 8"),
+    ],
+    ids=["excluded", "differing", "eight_bit"],
+)
+def test_gptq_dynamic_refusals_name_the_rule(
+    dynamic: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_quantization_config(_gptq_dynamic(dynamic), module_names=EXPERT_MODULES)
