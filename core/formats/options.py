@@ -122,12 +122,87 @@ class FormatOptions:
 
 def _method(config: Mapping[str, object]) -> str:
     method = str(config.get("quant_method", "")).lower().replace("_", "-")
-    if method not in SUFFIXES:
+    if method not in SUFFIXES and method != "auto-round":
         raise ConfigError(
-            "quantization_config quant_method must be `gptq`, `awq` or "
-            f"`compressed-tensors`, got {config.get('quant_method')!r}"
+            "quantization_config quant_method must be `gptq`, `awq`, "
+            f"`compressed-tensors` or `auto-round`, got {config.get('quant_method')!r}"
         )
     return method
+
+
+_AUTO_ROUND_PACKINGS: Final = {
+    "auto_round:auto_gptq": "gptq",
+    "auto_round:auto_awq": "awq",
+}
+"""AutoRound ``packing_format`` values in GPTQ's or AWQ's tensor layout (the two vLLM
+reads, as GPTQ v1 and AWQ GEMM)."""
+
+
+def _auto_round_as(
+    config: Mapping[str, object], module_names: Sequence[str]
+) -> dict[str, object]:
+    """An AutoRound config as the GPTQ (v1) or AWQ config of its packing.
+
+    Read as vLLM reads it, with the ``extra_config`` entries (by exact module name)
+    of the expert modules applied.
+
+    Raises:
+        ConfigError: for a packing or data type that is not GPTQ's or AWQ's int
+            layout, experts left out of ``block_name_to_quantize``, or expert modules
+            with different ``extra_config`` entries.
+    """
+    packing = str(config.get("packing_format", "auto_round:auto_gptq"))
+    layout = _AUTO_ROUND_PACKINGS.get(packing)
+    if layout is None:
+        raise ConfigError(
+            "AutoRound packing_format must be one in GPTQ's or AWQ's layout "
+            f"({', '.join(f'`{p}`' for p in _AUTO_ROUND_PACKINGS)}), got {packing!r}"
+        )
+    data_type = config.get("data_type", "int")
+    if data_type != "int":
+        raise ConfigError(f"AutoRound data_type must be `int`, got {data_type!r}")
+    blocks = config.get("block_name_to_quantize", config.get("to_quant_block_names"))
+    names = blocks.split(",") if isinstance(blocks, str) else blocks
+    if isinstance(names, list) and module_names:
+        outside = [m for m in module_names if not any(m.startswith(b) for b in names)]
+        if outside:
+            raise ConfigError(
+                "AutoRound block_name_to_quantize must cover the expert modules, got "
+                f"{names} without {outside[0]!r}"
+            )
+    extra = config.get("extra_config")
+    entries = [
+        dict(e) if isinstance(e := extra.get(m), Mapping) else {}
+        for m in module_names
+    ] if isinstance(extra, Mapping) else []  # fmt: skip
+    if entries and any(e != entries[0] for e in entries):
+        odd = next(i for i, e in enumerate(entries) if e != entries[0])
+        raise ConfigError(
+            "AutoRound extra_config must give every expert module the same entry, got "
+            f"{entries[0]} for {module_names[0]!r} and {entries[odd]} for "
+            f"{module_names[odd]!r}"
+        )
+    merged = {**config, **(entries[0] if entries else {})}
+    sym = merged.get("sym", True)
+    if layout == "gptq":
+        return {
+            "quant_method": "gptq",
+            "bits": merged.get("bits"),
+            "group_size": merged.get("group_size"),
+            "sym": sym,
+            "checkpoint_format": "gptq",
+        }
+    if sym is True:
+        raise ConfigError(
+            "AutoRound in AWQ's layout must be asymmetric (sym=false): symmetric AWQ "
+            "has no zero points, which is not a layout read here"
+        )
+    return {
+        "quant_method": "awq",
+        "bits": merged.get("bits"),
+        "group_size": merged.get("group_size"),
+        "version": "gemm",
+    }
 
 
 def _int4(name: str, bits: object) -> None:
@@ -159,6 +234,9 @@ def parse_quantization_config(
     if config is None:
         return None if fmt == "auto" else FormatOptions(format=fmt)
     method = _method(config)
+    if method == "auto-round":  # written in GPTQ's or AWQ's layout
+        config = _auto_round_as(config, module_names)
+        method = _method(config)
     if fmt not in ("auto", method):
         raise ConfigError(
             f"format={fmt!r} contradicts quantization_config quant_method={method!r}"

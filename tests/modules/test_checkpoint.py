@@ -415,3 +415,21 @@ def test_correction_bias_is_read_from_the_gate_or_the_block(
     }
     with pytest.raises(ConfigError, match="must hold one e_score_correction_bias"):
         load_experts(both, prefix=PREFIX, config=CFG)
+
+
+@pytest.mark.parametrize("packing", ["auto_round:auto_gptq", "auto_round:auto_awq"])
+def test_auto_round_checkpoints_load_as_their_packing(
+    packing: str, generator: torch.Generator
+) -> None:
+    w = _weights(generator, INT4_ASYM_G32)
+    state = _gptq_state(w) if packing.endswith("gptq") else _awq_state(w)
+    qc = {
+        "quant_method": "auto-round",
+        "packing_format": packing,
+        "bits": 4,
+        "group_size": 32,
+        "sym": False,
+    }
+    loaded = load_experts(state, prefix=PREFIX, config=CFG, quantization_config=qc)
+    assert loaded.format == packing.rsplit("_", 1)[-1]
+    _same(w, loaded.weights)

@@ -221,3 +221,55 @@ def test_gptq_dynamic_refusals_name_the_rule(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_quantization_config(_gptq_dynamic(dynamic), module_names=EXPERT_MODULES)
+
+
+def _auto_round(**kw: object) -> dict[str, object]:
+    return {"quant_method": "auto-round", "bits": 4, "group_size": 32, "sym": True} | kw
+
+
+def test_auto_round_reads_as_its_packing() -> None:
+    """As vLLM reads it: GPTQ v1 for auto_gptq (the default), AWQ GEMM for auto_awq;
+    ``extra_config`` by exact module name."""
+    assert parse_quantization_config(_auto_round()) == FormatOptions(
+        format="gptq", group_size=32, symmetric=True, checkpoint_format="gptq"
+    )
+    extra = {m: {"group_size": 64, "sym": False} for m in EXPERT_MODULES}
+    opts = parse_quantization_config(
+        _auto_round(extra_config=extra | {"lm_head": {"bits": 16}}),
+        module_names=EXPERT_MODULES,
+    )
+    assert opts == FormatOptions(
+        format="gptq", group_size=64, symmetric=False, checkpoint_format="gptq"
+    )
+    awq = _auto_round(packing_format="auto_round:auto_awq", sym=False)
+    assert parse_quantization_config(awq) == FormatOptions(format="awq", group_size=32)
+    assert parse_quantization_config(awq, "awq") == FormatOptions(
+        format="awq", group_size=32
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"packing_format": "auto_round:marlin"}, r"packing_format must be one in"),
+        ({"data_type": "nv_fp"}, r"data_type must be `int`, got 'nv_fp'"),
+        ({"bits": 2}, r"bits must be 4 for int4 experts, got 2"),
+        (
+            {"packing_format": "auto_round:auto_awq"},
+            r"AWQ's layout must be asymmetric",
+        ),
+        (
+            {"block_name_to_quantize": "model.layers.0"},
+            r"must cover the expert modules, got \['model\.layers\.0'\] without "
+            r"'model\.layers\.1\.mlp\.experts\.0\.gate_proj'",
+        ),
+        (
+            {"extra_config": {EXPERT_MODULES[0]: {"bits": 8}}},
+            r"extra_config must give every expert module the same entry",
+        ),
+    ],
+    ids=["packing", "data_type", "bits", "awq_sym", "blocks", "extra"],
+)
+def test_auto_round_refusals_say_why(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_quantization_config(_auto_round(**changes), module_names=EXPERT_MODULES)
