@@ -48,7 +48,9 @@ class LoadedExperts:
     Attributes:
         weights: the experts in the canonical layout.
         gate_weight: float router ``(E, D)`` when ``<prefix>.gate.weight`` exists.
-        e_score_correction_bias: ``(E,)`` when the checkpoint has one (DeepSeek-V3).
+        e_score_correction_bias: ``(E,)`` when the checkpoint has one, on the gate
+            (``<prefix>.gate.e_score_correction_bias``, DeepSeek-V3) or on the block
+            (``<prefix>.e_score_correction_bias``, MiniMax-M2).
         format: the format that was read.
     """
 

@@ -247,14 +247,15 @@ def _check_block(name: str, block: nn.Module) -> None:
             "supported)"
         )
     router = next(getattr(block, r) for r in _ROUTERS if hasattr(block, r))
-    params = inspect.signature(router.forward).parameters.values()
+    params = list(inspect.signature(router.forward).parameters.values())
     required = [
         p.name
         for p in params
         if p.default is inspect.Parameter.empty
         and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
-    if len(required) != 1:
+    takes_any = any(p.kind is p.VAR_POSITIONAL for p in params)  # a wrapper's *args
+    if len(required) > 1 or (not required and not takes_any):
         raise ConfigError(
             f"the router of MoE block {name!r} must take the hidden states alone, got "
             f"{type(router).__name__}.forward requiring {required}"

@@ -106,7 +106,7 @@ class PreparedCache:
         """
         if not self.prepared.serves(dtype):
             raise ValueError(
-                f"dtype must be one {self.backend.name}'s prepared form serves, "
-                f"got {dtype}"
+                f"dtype must be one that {self.backend.name}'s prepared form (made for "
+                f"{self.prepared.dtype}) serves, got {dtype}"
             )
         return attrs.evolve(self, dtypes=self.dtypes | {dtype})

@@ -69,10 +69,10 @@ def gptq_zero_points(
         return stored + 1
     if not v1_word_carry:
         raise ConfigError(
-            "qzeros holds the GPTQ v1 code 15: a zero point of 0 if GPTQModel wrote it "
-            "(whole-word arithmetic; its quantization_config meta.quantizer names "
-            "gptqmodel, which selects that reading), garbled if AutoGPTQ's packer did "
-            "(re-export the checkpoint as gptq_v2)"
+            "qzeros must hold GPTQ v1 codes 0-14 unless GPTQModel wrote them, got a "
+            "15: that is a zero point of 0 in GPTQModel's whole-word arithmetic (read "
+            "so when quantization_config meta.quantizer names gptqmodel) and garbled "
+            "by AutoGPTQ's packer (re-export the checkpoint as gptq_v2)"
         )
     carried = (qzeros_SW.to(torch.int64) + _V1_WORD_OFFSET) & 0xFFFFFFFF
     as_int32 = torch.where(carried >= 1 << 31, carried - (1 << 32), carried)
@@ -86,10 +86,12 @@ def _symmetric_format(stored: torch.Tensor) -> GPTQFormat:
     if bool((stored == SYMMETRIC_ZERO).all()):
         return "gptq_v2"
     raise ConfigError(
-        "GPTQ qzeros with zero points other than the symmetric 8 read differently in "
-        "v1 (stores z - 1) and v2 (stores z), and nothing says which this is: pass "
+        "checkpoint_format must be known for GPTQ qzeros whose zero points are not "
+        "all the symmetric 8 (v1 stores z - 1, v2 z: they read one apart), got none: "
+        "pass "
         "quantization_config={'quant_method': 'gptq', 'checkpoint_format': 'gptq' or "
-        "'gptq_v2'} (a state dict of a model loaded through GPTQModel holds v2)"
+        "'gptq_v2'} (a state dict of a model loaded through GPTQModel is v2 when its "
+        "kernel works in v2, which GPTQModel's log says)"
     )
 
 

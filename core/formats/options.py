@@ -143,8 +143,9 @@ def _auto_round_as(
 ) -> dict[str, object]:
     """An AutoRound config as the GPTQ (v1) or AWQ config of its packing.
 
-    Read as vLLM reads it, with the ``extra_config`` entries (by exact module name)
-    of the expert modules applied.
+    The layout as vLLM reads it, with the ``extra_config`` entries of the expert
+    modules applied by exact module name (a pattern key that matches an expert is
+    refused: see :func:`_refuse_extra_patterns`).
 
     Raises:
         ConfigError: for a packing or data type that is not GPTQ's or AWQ's int
@@ -175,6 +176,8 @@ def _auto_round_as(
         dict(e) if isinstance(e := extra.get(m), Mapping) else {}
         for m in module_names
     ] if isinstance(extra, Mapping) else []  # fmt: skip
+    if isinstance(extra, Mapping):
+        _refuse_extra_patterns(extra, module_names)
     if entries and any(e != entries[0] for e in entries):
         odd = next(i for i, e in enumerate(entries) if e != entries[0])
         raise ConfigError(
@@ -264,6 +267,31 @@ def parse_quantization_config(
     return _ct_options(config, module_names)
 
 
+def _refuse_extra_patterns(
+    extra: Mapping[str, object], module_names: Sequence[str]
+) -> None:
+    """Refuse an ``extra_config`` key other than an expert's own name that matches one.
+
+    Newer vLLM applies keys with regex characters as ``re.search`` patterns; only
+    exact names are applied here, so a pattern (or a parent module's name) that
+    reaches an expert is refused rather than ignored.
+    """
+    exact = set(module_names)
+    for key in extra:
+        if key in exact:
+            continue
+        try:
+            hit = next((m for m in module_names if re.search(key, m)), None)
+        except re.error:
+            hit = None
+        if hit is not None:
+            raise ConfigError(
+                "AutoRound extra_config must name the expert modules exactly, got "
+                f"the key {key!r}, which matches {hit!r} as a pattern (patterns are "
+                "not applied here: write the entries by module name)"
+            )
+
+
 def _dynamic_rule(
     dynamic: Mapping[str, object], module: str
 ) -> tuple[str, Mapping[str, object] | None] | None:
@@ -314,15 +342,17 @@ def _with_dynamic_override(
         n: dict(r[1]) if r is not None and r[1] is not None else {}
         for n, r in rules.items()
     }
-    first = next(iter(overrides.values()))
-    differing = [n for n, o in overrides.items() if o != first]
+    # Compared as the configs they give: an override restating the base is no change.
+    merged = {n: {**config, **o} for n, o in overrides.items()}
+    first = merged[module_names[0]]
+    differing = [n for n, m in merged.items() if m != first]
     if differing:
         raise ConfigError(
             "quantization_config dynamic must give every expert module the same "
-            f"overrides, got {first} for {module_names[0]!r} and "
-            f"{overrides[differing[0]]} for {differing[0]!r}"
+            f"settings, got {overrides[module_names[0]]} for {module_names[0]!r} and "
+            f"{overrides[differing[0]]} for {differing[0]!r} over the base config"
         )
-    return {**config, **first}
+    return first
 
 
 def _written_by_gptqmodel(config: Mapping[str, object]) -> bool:

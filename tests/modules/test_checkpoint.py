@@ -169,7 +169,9 @@ def test_gptq_state_without_a_config_refuses_asymmetric(
 ) -> None:
     """v1 and v2 would read one zero point apart: refused rather than guessed."""
     state = _gptq_state(_weights(generator, INT4_ASYM_G32))
-    with pytest.raises(ConfigError, match="nothing says which this is"):
+    with pytest.raises(
+        ConfigError, match="checkpoint_format must be known for GPTQ qzeros"
+    ):
         load_experts(state, prefix=PREFIX, config=CFG)
 
 

@@ -491,3 +491,35 @@ def test_blocks_routing_outside_their_router_are_refused() -> None:
         r"\['hidden_states', 'e_score_correction_bias'\]$",
     ):
         replace_moe_blocks(model, backend="reference")
+
+
+def test_routers_behind_star_args_wrappers_are_accepted(
+    generator: torch.Generator,
+) -> None:
+    """A router whose forward is ``(*args, **kwargs)`` (a compiled or hooked module)
+    cannot be told apart from one that takes the hidden states: it is let through."""
+    model = _build("qwen3_moe")
+    names = list(find_moe_blocks(model))
+
+    class Wrapped(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner(*args, **kwargs)
+
+    for name in names:
+        block = model.get_submodule(name)
+        block.gate = Wrapped(block.get_submodule("gate"))
+    original = copy.deepcopy(model)
+    replaced_names = replace_moe_blocks(model, backend="reference")
+    assert replaced_names == names
+    ids = torch.randint(0, 64, (2, 5), generator=generator)
+    dequantized = copy.deepcopy(original)
+    _load_dequantized(dequantized, model, names, gpt_oss=False)
+    torch.testing.assert_close(
+        _logits(model, ids),
+        _logits(dequantized, ids),
+        **KERNEL_VS_ORACLE[torch.float32],
+    )

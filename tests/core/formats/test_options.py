@@ -209,8 +209,8 @@ def test_gptq_dynamic_overrides_apply_to_the_experts() -> None:
         ),
         (
             {r".*\.experts\.0\..*": {"group_size": 32}},
-            r"same overrides, got \{'group_size': 32\} for .*experts\.0\.gate_proj' "
-            r"and \{\} for .*experts\.1\.gate_proj'",
+            r"same settings, got \{'group_size': 32\} for .*experts\.0\.gate_proj' "
+            r"and \{\} for .*experts\.1\.gate_proj' over the base config",
         ),
         ({r".*experts.*": {"bits": 8}}, r"bits must be 4 for int4 experts, got 8"),
     ],
@@ -273,3 +273,25 @@ def test_auto_round_reads_as_its_packing() -> None:
 def test_auto_round_refusals_say_why(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_quantization_config(_auto_round(**changes), module_names=EXPERT_MODULES)
+
+
+def test_gptq_dynamic_restating_the_base_is_no_difference() -> None:
+    """GPTQModel gives every expert group 128 here: not a difference between them."""
+    config = _gptq_dynamic({r"+:.*experts\.0\..*": {"group_size": 128}})
+    opts = parse_quantization_config(config, module_names=EXPERT_MODULES)
+    assert opts is not None
+    assert opts.group_size == 128
+
+
+@pytest.mark.parametrize(
+    "key", [r".*\.experts\..*", "model.layers.1.mlp.experts.1"], ids=["regex", "parent"]
+)
+def test_auto_round_extra_config_patterns_reaching_experts_are_refused(
+    key: str,
+) -> None:
+    """Newer vLLM applies such keys as patterns; here they are refused, not ignored."""
+    config = _auto_round(
+        extra_config={key: {"group_size": 64}, "lm_head": {"bits": 16}}
+    )
+    with pytest.raises(ConfigError, match="must name the expert modules exactly, got"):
+        parse_quantization_config(config, module_names=EXPERT_MODULES)
