@@ -181,6 +181,23 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor:
     return value
 
 
+def _assert_runs_its_dequantized_experts(
+    original: nn.Module,
+    replaced: nn.Module,
+    names: list[str],
+    generator: torch.Generator,
+) -> None:
+    """``replaced`` gives the logits of ``original`` holding its dequantized experts."""
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    dequantized = copy.deepcopy(original)
+    _load_dequantized(dequantized, replaced, names, gpt_oss=False)
+    torch.testing.assert_close(
+        _logits(replaced, ids),
+        _logits(dequantized, ids),
+        **KERNEL_VS_ORACLE[torch.float32],
+    )
+
+
 def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         out: torch.Tensor = model(ids).logits
@@ -448,14 +465,7 @@ def test_another_family_runs_on_its_own_router(generator: torch.Generator) -> No
     replaced = copy.deepcopy(glm)
     names = replace_moe_blocks(replaced, backend="reference", routing="model")
     assert len(names) == 2
-    ids = torch.randint(0, 64, (2, 7), generator=generator)
-    dequantized = copy.deepcopy(glm)
-    _load_dequantized(dequantized, replaced, names, gpt_oss=False)
-    torch.testing.assert_close(
-        _logits(replaced, ids),
-        _logits(dequantized, ids),
-        **KERNEL_VS_ORACLE[torch.float32],
-    )
+    _assert_runs_its_dequantized_experts(glm, replaced, names, generator)
 
 
 def test_blocks_routing_outside_their_router_are_refused() -> None:
@@ -513,13 +523,5 @@ def test_routers_behind_star_args_wrappers_are_accepted(
         block = model.get_submodule(name)
         block.gate = Wrapped(block.get_submodule("gate"))
     original = copy.deepcopy(model)
-    replaced_names = replace_moe_blocks(model, backend="reference")
-    assert replaced_names == names
-    ids = torch.randint(0, 64, (2, 5), generator=generator)
-    dequantized = copy.deepcopy(original)
-    _load_dequantized(dequantized, model, names, gpt_oss=False)
-    torch.testing.assert_close(
-        _logits(model, ids),
-        _logits(dequantized, ids),
-        **KERNEL_VS_ORACLE[torch.float32],
-    )
+    assert replace_moe_blocks(model, backend="reference") == names
+    _assert_runs_its_dequantized_experts(original, model, names, generator)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from core.errors import ConfigError, ShapeError
-from core.formats import from_awq, from_gptq
+from core.formats import Int4Projection, from_awq, from_gptq
 from tests.core.formats.packers import (
     awq_dequantize,
     awq_pack,
@@ -22,6 +22,23 @@ def _codes(gen: torch.Generator, *shape: int) -> torch.Tensor:
 
 def _scales(gen: torch.Generator, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     return (torch.rand(K // G, N, generator=gen) * 0.1 + 0.01).to(dtype)
+
+
+def _assert_plain_groups_exact(
+    proj: Int4Projection,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    qzeros: torch.Tensor,
+    *,
+    v1: bool,
+) -> None:
+    """``proj`` dequantizes exactly like the format's own math in groups of ``G``."""
+    expected_KN = gptq_dequantize(
+        qweight, scales, qzeros, (torch.arange(K) // G).tolist(), v1=v1
+    )
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -100,12 +117,7 @@ def test_gptq_v1_code_fifteen_is_read_only_as_gptqmodels_borrow(
     proj = from_gptq(qweight, scales, v1, v1_word_carry=True)
     assert proj.zero_point is not None
     assert torch.equal(proj.zero_point.T.long(), zeros)
-    expected_KN = gptq_dequantize(
-        qweight, scales, v2, (torch.arange(K) // G).tolist(), v1=False
-    )
-    torch.testing.assert_close(
-        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
-    )
+    _assert_plain_groups_exact(proj, qweight, scales, v2, v1=False)
 
 
 def test_gptq_v1_word_carry_changes_nothing_without_a_fifteen(
@@ -133,12 +145,7 @@ def test_gptq_unknown_format_reads_symmetric_zero_points(
     scales = _scales(generator)
     proj = from_gptq(qweight, scales, qzeros, checkpoint_format=None)
     assert proj.zero_point is None
-    expected_KN = gptq_dequantize(
-        qweight, scales, qzeros, (torch.arange(K) // G).tolist(), v1=v1
-    )
-    torch.testing.assert_close(
-        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
-    )
+    _assert_plain_groups_exact(proj, qweight, scales, qzeros, v1=v1)
 
 
 def test_gptq_unknown_format_refuses_asymmetric_zero_points(
