@@ -7,8 +7,9 @@ May import core only; the aten ops are looked up lazily. Shape legend: ``T`` tok
 The kernel computes ``w = (q - 8) * scale + zero`` per (group, output row), with
 ``scale_and_zero`` of shape ``(G, rows, 2)`` in its compute dtype (bf16 here).
 Symmetric codes have ``zero = 0``; an integer zero point ``z`` gives
-``(q - z) * scale`` with ``zero = (8 - z) * scale``. The packed weight is opaque and ISA-dependent, so it lives
-only in ``CPUInt4Prepared`` and is rebuilt by every ``prepare``; it is never saved.
+``(q - z) * scale`` with ``zero = (8 - z) * scale``. The packed weight is opaque and
+ISA-dependent, so it lives only in ``CPUInt4Prepared`` and is rebuilt by every
+``prepare``; it is never saved.
 """
 
 from typing import Final, final

@@ -8,6 +8,7 @@ May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` ex
 
 import os
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -450,42 +451,34 @@ class Int4MoE(nn.Module):
         float32 math, and the backends pick their own compute dtype.
         """
         device_type = hidden_states.device.type
-        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(
+        autocast_on = torch.amp.is_autocast_available(
             device_type
+        ) and torch.is_autocast_enabled(device_type)
+        with (
+            torch.autocast(device_type, enabled=False) if autocast_on else nullcontext()
         ):
-            with torch.autocast(device_type, enabled=False):
-                return self._forward_body(
-                    hidden_states, router_logits, topk_weights, topk_ids
-                )
-        return self._forward_body(hidden_states, router_logits, topk_weights, topk_ids)
-
-    def _forward_body(
-        self,
-        hidden_states: torch.Tensor,
-        router_logits: torch.Tensor | None,
-        topk_weights: torch.Tensor | None,
-        topk_ids: torch.Tensor | None,
-    ) -> torch.Tensor:
-        check_hidden_states(hidden_states, self.config)
-        self._check_device(hidden_states)
-        hidden_TD = hidden_states.reshape(-1, self.config.hidden_size)
-        routing = resolve_routing(
-            hidden_TD,
-            self.config,
-            router_logits=router_logits,
-            topk_weights=topk_weights,
-            topk_ids=topk_ids,
-            gate_weight=self.gate_weight,
-            correction_bias=self._optional_buffer("e_score_correction_bias"),
-            expert_map=self._optional_buffer("expert_map"),
-            token_shape=tuple(hidden_states.shape[:-1]),
-        )
-        if hidden_TD.shape[0] == 0 and not wants_grad(hidden_TD, routing.topk_weights):
-            # Contiguous, like every other output (and the custom op's fake).
-            return hidden_states.new_empty(hidden_states.shape)
-        backend, prepared = self._ready(hidden_TD.dtype)
-        out_TD = run_experts(backend, prepared, hidden_TD, routing)
-        return out_TD.reshape(hidden_states.shape)
+            check_hidden_states(hidden_states, self.config)
+            self._check_device(hidden_states)
+            hidden_TD = hidden_states.reshape(-1, self.config.hidden_size)
+            routing = resolve_routing(
+                hidden_TD,
+                self.config,
+                router_logits=router_logits,
+                topk_weights=topk_weights,
+                topk_ids=topk_ids,
+                gate_weight=self.gate_weight,
+                correction_bias=self._optional_buffer("e_score_correction_bias"),
+                expert_map=self._optional_buffer("expert_map"),
+                token_shape=tuple(hidden_states.shape[:-1]),
+            )
+            if hidden_TD.shape[0] == 0 and not wants_grad(
+                hidden_TD, routing.topk_weights
+            ):
+                # Contiguous, like every other output (and the custom op's fake).
+                return hidden_states.new_empty(hidden_states.shape)
+            backend, prepared = self._ready(hidden_TD.dtype)
+            out_TD = run_experts(backend, prepared, hidden_TD, routing)
+            return out_TD.reshape(hidden_states.shape)
 
     def _check_device(self, hidden_states: torch.Tensor) -> None:
         device = self._buffer("w13_qdata").device
@@ -501,7 +494,6 @@ class Int4MoE(nn.Module):
         cache = self._prepared
         if cache is not None and cache.is_current(key, self._buffers):
             return cache.backend, cache.prepared
-        weights = self._checked_weights()
         backend = select_backend(
             self.config,
             self.scheme,
@@ -518,7 +510,7 @@ class Int4MoE(nn.Module):
         ):  # another dtype the same prepared form serves: no second prepare
             self._prepared = cache.serving(dtype)
             return cache.backend, cache.prepared
-        prepared = backend.prepare(weights, self.config, dtype=dtype)
+        prepared = backend.prepare(self._checked_weights(), self.config, dtype=dtype)
         if (
             torch._guards.detect_fake_mode() is None
         ):  # a fake one would poison later calls

@@ -284,13 +284,13 @@ class TritonEmulationBackend:
                 dtype than ``hidden_TD`` computes in (prepared for another dtype).
         """
         ready = check_prepared(prepared, TritonEmulationPrepared, self.name)
+        wanted = compute_dtype(hidden_TD.dtype)
         for name, w in (("w13", ready.w13.data), ("w2", ready.w2.data)):
             if w.dtype not in _DTYPES:
                 raise DTypeError(
                     f"triton-emulation needs {name} dequantized to bfloat16 or float16 by "
                     f"prepare, got {w.dtype} (packed int4 weights go to triton-w4a16)"
                 )
-            wanted = compute_dtype(hidden_TD.dtype)
             if hidden_TD.dtype in _INPUT_DTYPES and w.dtype != wanted:
                 raise DTypeError(
                     f"hidden_states in {hidden_TD.dtype} need {name} prepared in "
