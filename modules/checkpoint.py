@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 import attrs
 import torch
@@ -129,7 +129,9 @@ def read_quantization_config(source: Source) -> dict[str, object] | None:
     """The ``quantization_config`` of ``config.json`` beside a checkpoint, if any.
 
     Without one, the ``quantize_config.json`` that AutoGPTQ and GPTQModel write beside
-    their checkpoints (read as GPTQ unless it names another ``quant_method``).
+    their checkpoints (read as GPTQ unless it names another ``quant_method``), else the
+    ``quant_config.json`` that AutoAWQ wrote before its config moved into
+    ``config.json`` (read as AWQ unless it names another ``quant_method``).
     """
     if isinstance(source, Mapping):
         return None
@@ -140,12 +142,20 @@ def read_quantization_config(source: Source) -> dict[str, object] | None:
         found = json.loads(config.read_text()).get("quantization_config")
         if isinstance(found, dict):
             return found
-    gptq = folder / "quantize_config.json"
-    if gptq.is_file():
-        found = json.loads(gptq.read_text())
-        if isinstance(found, dict):
-            return {"quant_method": "gptq", **found}
+    for name, method in _OWN_CONFIG_FILES:
+        own = folder / name
+        if own.is_file():
+            found = json.loads(own.read_text())
+            if isinstance(found, dict):
+                return {"quant_method": method, **found}
     return None
+
+
+_OWN_CONFIG_FILES: Final = (
+    ("quantize_config.json", "gptq"),
+    ("quant_config.json", "awq"),
+)
+"""Quantizers' own config files, in the order they are looked for, and their method."""
 
 
 # ---------------------------------------------------------------------- layout

@@ -191,6 +191,29 @@ def test_gptq_folder_reads_quantize_config_json(
     _same(w, load_experts(tmp_path, prefix=PREFIX, config=CFG).weights)
 
 
+def test_awq_folder_reads_quant_config_json(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    """AutoAWQ's own file (before its config moved into config.json) is read as AWQ."""
+    w = _weights(generator, INT4_ASYM_G32)
+    save_file(_awq_state(w), str(tmp_path / "m.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
+    own = {"zero_point": True, "q_group_size": 32, "w_bit": 4, "version": "GEMM"}
+    (tmp_path / "quant_config.json").write_text(json.dumps(own))
+    loaded = load_experts(tmp_path, prefix=PREFIX, config=CFG)
+    assert loaded.format == "awq"
+    _same(w, loaded.weights)
+    # What the file says is honoured: a GEMV-packed checkpoint is refused, not misread.
+    (tmp_path / "quant_config.json").write_text(json.dumps(own | {"version": "GEMV"}))
+    with pytest.raises(ConfigError, match=r"AWQ version must be `gemm`.*'gemv'"):
+        load_experts(tmp_path, prefix=PREFIX, config=CFG)
+    # quantization_config in config.json comes first.
+    (tmp_path / "config.json").write_text(
+        json.dumps({"quantization_config": {"quant_method": "awq", **own}})
+    )
+    _same(w, load_experts(tmp_path, prefix=PREFIX, config=CFG).weights)
+
+
 def test_fused_three_d_experts(generator: torch.Generator) -> None:
     from core.formats import split_experts, to_compressed_tensors
 
