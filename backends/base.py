@@ -4,13 +4,13 @@ May import core; heavy or optional packages only inside functions.
 Shape legend: ``T`` tokens, ``D`` hidden size.
 """
 
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 import torch
 
 from core.config import MoEConfig
-from core.errors import PreparedTypeError
+from core.errors import ConfigError, ConfigTypeError, PreparedTypeError
 from core.layout import WeightLayout
 from core.routing import Routing
 from core.scheme import Int4Scheme
@@ -57,6 +57,52 @@ class Support:
         return self.ok
 
 
+_DEVICE_TYPES: Final = ("cpu", "cuda", "xpu", "other")
+
+
+def _is_count(value: object) -> bool:
+    """An int >= 0 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_device_type(_inst: object, _attr: object, value: object) -> None:
+    if value not in _DEVICE_TYPES:
+        raise ConfigError(
+            f"DeviceInfo type must be one of {_DEVICE_TYPES}, got {value!r}"
+        )
+
+
+def _check_index(_inst: object, _attr: object, value: int | None) -> None:
+    if value is not None and not _is_count(value):
+        raise ConfigError(
+            f"DeviceInfo index must be None or an int >= 0, got {value!r}"
+        )
+
+
+def _check_capability(
+    _inst: object, _attr: object, value: tuple[int, int] | None
+) -> None:
+    given: object = value  # checked at run time: callers may pass anything
+    if given is None:
+        return
+    if not (
+        isinstance(given, tuple)
+        and len(given) == 2
+        and all(_is_count(v) for v in given)
+    ):
+        raise ConfigError(
+            "DeviceInfo capability must be None or a (major, minor) tuple of ints "
+            f">= 0, got {value!r}"
+        )
+
+
+def _check_name(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, str):
+        raise ConfigTypeError(
+            f"DeviceInfo name must be a str, got {type(value).__name__}"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class DeviceInfo:
     """What selection needs to know about a device, as a plain value.
@@ -68,10 +114,12 @@ class DeviceInfo:
         name: human-readable device name.
     """
 
-    type: DeviceType
-    index: int | None = None
-    capability: tuple[int, int] | None = None
-    name: str = ""
+    type: DeviceType = attrs.field(validator=_check_device_type)
+    index: int | None = attrs.field(default=None, validator=_check_index)
+    capability: tuple[int, int] | None = attrs.field(
+        default=None, validator=_check_capability
+    )
+    name: str = attrs.field(default="", validator=_check_name)
 
     @classmethod
     def of(cls, device: torch.device | str) -> "DeviceInfo":

@@ -10,7 +10,7 @@ from backends.base import DeviceInfo, PreparedExperts, Support, check_prepared
 from backends.reference import ReferenceBackend, ReferencePrepared
 from backends.registry import create_backend, unregister_backend
 from core.config import MoEConfig
-from core.errors import BackendUnavailableError, ConfigError
+from core.errors import BackendUnavailableError, ConfigError, ConfigTypeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.routing import Routing
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, Int4Scheme
@@ -138,6 +138,30 @@ def test_check_prepared_rejects_foreign() -> None:
         match=r"prepared must come from backend 'reference'.prepare \(ReferencePrepared\), got PreparedExperts",
     ):
         check_prepared(foreign, ReferencePrepared, "reference")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"type": "gpu"}, ConfigError, r"type must be one of \('cpu', 'cuda', 'xpu', 'other'\), got 'gpu'"),
+        ({"type": "cuda", "index": -1}, ConfigError, "index must be None or an int >= 0, got -1"),
+        ({"type": "cuda", "index": True}, ConfigError, "index must be None or an int >= 0, got True"),
+        ({"type": "cuda", "capability": (9,)}, ConfigError, r"capability must be None or a \(major, minor\) tuple of ints >= 0, got \(9,\)"),
+        ({"type": "cuda", "capability": [9, 0]}, ConfigError, r"got \[9, 0\]"),
+        ({"type": "cuda", "capability": (9, "0")}, ConfigError, r"got \(9, '0'\)"),
+        ({"type": "cpu", "name": None}, ConfigTypeError, "name must be a str, got NoneType"),
+    ],
+)  # fmt: skip
+def test_device_info_refuses_bad_fields(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    """A hand-built DeviceInfo (tests, selection by description) is checked field by field."""
+    with pytest.raises(error, match=match):
+        DeviceInfo(**kwargs)  # type: ignore[arg-type]  # deliberately bad values
+    assert DeviceInfo(type="cuda", index=0, capability=(9, 0), name="x").capability == (
+        9,
+        0,
+    )
 
 
 def test_device_info_of_cpu() -> None:
