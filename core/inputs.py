@@ -11,7 +11,7 @@ import torch
 from core.config import MoEConfig
 from core.errors import ConfigError, DeviceError, DTypeError, ShapeError
 from core.routing import Routing, localize_routing, route_topk
-from core.validate import check_routing
+from core.validate import check_routing, check_shape
 
 
 def compute_router_logits(
@@ -184,4 +184,8 @@ def resolve_routing(
         raise ConfigError(
             "router_logits or topk_weights/topk_ids must be given: this module has no gate"
         )
-    return routing if expert_map is None else localize_routing(routing, expert_map)
+    if expert_map is None:
+        return routing
+    # Its values are checked before a prepare; its shape is needed right here.
+    check_shape("expert_map", expert_map, (config.num_experts,))
+    return localize_routing(routing, expert_map)

@@ -7,7 +7,7 @@ Messages name the argument, then what was expected, then what came.
 import torch
 
 from core.config import MoEConfig
-from core.errors import DeviceError, DTypeError, ShapeError
+from core.errors import ConfigTypeError, DeviceError, DTypeError, ShapeError
 from core.routing import Routing
 from core.scheme import SUPPORTED_GROUP_SIZES, Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -38,13 +38,33 @@ def check_hidden_states(hidden_states: torch.Tensor, config: MoEConfig) -> None:
         )
 
 
-def check_finite(name: str, tensor: torch.Tensor) -> None:
+def check_type(name: str, value: object, expected: type | tuple[type, ...]) -> None:
+    """Raise ``ConfigTypeError`` unless ``value`` is an instance of ``expected``.
+
+    For arguments a static checker would catch, reported at run time before they
+    fail deep inside (``'dict' object has no attribute ...``).
+    """
+    if not isinstance(value, expected):
+        types = expected if isinstance(expected, tuple) else (expected,)
+        want = " or ".join(t.__name__ for t in types)
+        raise ConfigTypeError(f"{name} must be a {want}, got {type(value).__name__}")
+
+
+def check_finite(name: str, tensor: torch.Tensor, *, allow_meta: bool = False) -> None:
     """Raise ``ShapeError`` (a ``ValueError``) if ``tensor`` holds NaN or inf.
 
-    A tensor that is not floating raises ``DTypeError``.
+    A tensor that is not floating raises ``DTypeError``. One on the meta device has
+    no values: it passes with ``allow_meta`` and raises ``DeviceError`` without.
     """
     if not tensor.dtype.is_floating_point:
         raise DTypeError(f"{name} must be a floating tensor, got dtype {tensor.dtype}")
+    if tensor.is_meta and allow_meta:
+        return
+    if tensor.is_meta:
+        raise DeviceError(
+            f"{name} must hold values, got a tensor on the meta device (materialize "
+            "it first, for example with to_empty and load_state_dict)"
+        )
     bad = ~torch.isfinite(tensor)
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
@@ -84,15 +104,31 @@ def _check_codes(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> 
     check_shape(name, tensor, expected)
 
 
+def _check_zero_point(
+    name: str, tensor: torch.Tensor, expected: tuple[int, ...]
+) -> None:
+    """uint8 zero points, one code ``0..15`` a byte (not packed)."""
+    _check_codes(name, tensor, expected)
+    if tensor.numel() and not tensor.is_meta and int(tensor.max()) > 15:
+        raise ShapeError(
+            f"{name} must hold int4 codes 0..15 (one a byte, unpacked), got values up "
+            f"to {int(tensor.max())}"
+        )
+
+
 def _check_scale(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
     check_activation_dtype(name, tensor.dtype)
     check_shape(name, tensor, expected)
+    check_finite(name, tensor, allow_meta=True)
 
 
 def check_expert_weights(
     weights: QuantizedExpertWeights, config: MoEConfig, *, num_experts: int
 ) -> None:
-    """Every canonical tensor has the right dtype, shape and device.
+    """Every canonical tensor has the right dtype, shape and device, and values in range.
+
+    Values: zero points are codes ``0..15``, scales and biases finite (not checked
+    on the meta device, which holds no values).
 
     The layout is the README's "Schemes and the canonical layout".
     """
@@ -118,7 +154,7 @@ def check_expert_weights(
             got = "None" if zero is None else "a tensor"
             raise ShapeError(f"{name} must be {want} for {scheme.name}, got {got}")
         if zero is not None:
-            _check_codes(name, zero, shape)
+            _check_zero_point(name, zero, shape)
     _check_biases(weights, config, num_experts=e)
     check_same_device(weights.tensors())
 
@@ -140,6 +176,7 @@ def _check_biases(
         if bias is not None:
             check_activation_dtype(name, bias.dtype)
             check_shape(name, bias, shape)
+            check_finite(name, bias, allow_meta=True)
 
 
 def check_same_device(tensors: dict[str, torch.Tensor]) -> None:

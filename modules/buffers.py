@@ -3,12 +3,14 @@
 May import core only.
 """
 
+from numbers import Integral
+
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigError, DTypeError, ShapeError
+from core.errors import ConfigError, ConfigTypeError, DTypeError, ShapeError
 from core.scheme import Int4Scheme
-from core.validate import check_shape
+from core.validate import check_shape, check_type
 from core.weights import QuantizedExpertWeights
 
 BufferSpec = tuple[tuple[int, ...], torch.dtype]
@@ -42,6 +44,13 @@ def expert_map_size(config: MoEConfig, num_local_experts: int | None) -> int:
     """Experts held here: ``num_local_experts`` or, by default, all of them."""
     if num_local_experts is None:
         return config.num_experts
+    given: object = num_local_experts  # checked at run time: callers may pass anything
+    if isinstance(given, bool) or not isinstance(given, Integral):  # True, 2.0
+        raise ConfigTypeError(
+            f"num_local_experts must be an int or None, got "
+            f"{type(num_local_experts).__name__}"
+        )
+    num_local_experts = int(num_local_experts)  # a numpy int, say
     if not 1 <= num_local_experts <= config.num_experts:
         raise ConfigError(
             f"num_local_experts must be in [1, num_experts={config.num_experts}], "
@@ -75,6 +84,7 @@ def check_expert_map(
             local id given to two global experts (one would run the other's weights).
         DTypeError: unless int32 or int64.
     """
+    check_type("expert_map", expert_map, torch.Tensor)
     check_shape("expert_map", expert_map, (num_experts,))
     if expert_map.dtype not in (torch.int32, torch.int64):
         raise DTypeError(

@@ -32,6 +32,7 @@ from core.formats.options import (
     parse_quantization_config,
     to_checkpoint_format,
 )
+from core.validate import check_type
 from core.weights import QuantizedExpertWeights
 from modules.int4_moe import Int4MoE
 
@@ -278,6 +279,11 @@ def load_experts(
             non-int4 ``config_groups`` entry, experts in ``ignore``, or missing or
             unexpected tensors (named); ShapeError / DTypeError for malformed tensors.
     """
+    check_type("source", source, (str, os.PathLike, Mapping))
+    check_type("prefix", prefix, str)
+    check_type("config", config, MoEConfig)
+    if quantization_config is not None:
+        check_type("quantization_config", quantization_config, Mapping)
     fmt = to_checkpoint_format(format)
     src = _open_source(source, device)
     if quantization_config is None:

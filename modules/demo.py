@@ -19,6 +19,7 @@ import torch
 from backends.base import DeviceInfo
 from backends.registry import select_backend
 from core.config import MoEConfig
+from core.errors import ConfigError
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_tensor
 from core.reference import moe_forward_reference
@@ -269,7 +270,7 @@ def parse_scheme(text: str) -> Int4Scheme:
     """``sym-g32``, ``asym-g128``, ``sym-g-1`` ... to an ``Int4Scheme``."""
     mapping, _, group = text.partition("-g")
     if mapping not in ("sym", "asym") or not group.lstrip("-").isdigit():
-        raise ValueError(
+        raise ConfigError(
             f"scheme must look like `sym-g32` or `asym-g128`, got {text!r}"
         )
     kind = Int4Mapping.SYMMETRIC if mapping == "sym" else Int4Mapping.ASYMMETRIC

@@ -18,7 +18,7 @@ from torch import nn
 from backends.base import DeviceInfo, MoEBackend, PreparedExperts
 from backends.registry import check_backend_name, is_known_backend, select_backend
 from core.config import MoEConfig
-from core.errors import DeviceError
+from core.errors import DeviceError, DTypeError
 from core.inputs import resolve_routing
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
@@ -26,10 +26,12 @@ from core.scheme import INT4_SYM_G32, Int4Scheme
 from core.validate import (
     check_activation_dtype,
     check_expert_weights,
+    check_finite,
     check_float_expert_weights,
     check_hidden_states,
     check_scheme,
     check_shape,
+    check_type,
 )
 from core.weights import QuantizedExpertWeights
 from modules.backward import run_experts, wants_grad
@@ -106,6 +108,8 @@ class Int4MoE(nn.Module):
         num_local_experts: int | None = None,
     ) -> None:
         super().__init__()
+        check_type("config", config, MoEConfig)
+        check_type("scheme", scheme, Int4Scheme)
         check_scheme(scheme, config)
         check_activation_dtype("dtype", dtype)
         self.config = config
@@ -138,7 +142,7 @@ class Int4MoE(nn.Module):
         self.register_buffer("expert_map", emap)
         self.backend = backend  # checked against the buffers' device
         # torch leaves these public hook APIs unannotated.
-        self.register_load_state_dict_pre_hook(_check_loaded_expert_map)  # type: ignore[no-untyped-call]
+        self.register_load_state_dict_pre_hook(_check_loaded_state)  # type: ignore[no-untyped-call]
         self.register_load_state_dict_post_hook(_invalidate_after_load)  # type: ignore[no-untyped-call]
 
     if TYPE_CHECKING:
@@ -181,6 +185,13 @@ class Int4MoE(nn.Module):
             BackendUnavailableError: for a backend name that is not registered
                 (reported for the weights' device).
         """
+        check_type("weights", weights, QuantizedExpertWeights)
+        check_type("config", config, MoEConfig)
+        _check_optional_tensors(
+            gate_weight=gate_weight,
+            e_score_correction_bias=e_score_correction_bias,
+            expert_map=expert_map,
+        )
         local = local_experts(config, weights, expert_map)
         check_expert_weights(weights, config, num_experts=local)
         module = cls(
@@ -233,6 +244,11 @@ class Int4MoE(nn.Module):
                 scales ``dtype`` cannot hold (e.g. 1e6 or 1e-8 with fp16).
             BackendUnavailableError: for a backend name that is not registered.
         """
+        check_type("config", config, MoEConfig)
+        check_type("scheme", scheme, Int4Scheme)
+        check_type("w13_weight", w13_weight, torch.Tensor)
+        check_type("w2_weight", w2_weight, torch.Tensor)
+        _check_optional_tensors(w13_bias=w13_bias, w2_bias=w2_bias)
         check_scheme(scheme, config)
         check_float_expert_weights(w13_weight, w2_weight, config)
         if dtype is None:
@@ -316,11 +332,13 @@ class Int4MoE(nn.Module):
         e, d = self.config.num_experts, self.config.hidden_size
         if gate_weight is not None:
             check_shape("gate_weight", gate_weight, (e, d))
+            check_finite("gate_weight", gate_weight, allow_meta=True)
             self.gate_weight = nn.Parameter(
                 gate_weight.to(device=device, dtype=torch.float32), requires_grad=False
             )
         if correction_bias is not None:
             check_shape("e_score_correction_bias", correction_bias, (e,))
+            check_finite("e_score_correction_bias", correction_bias, allow_meta=True)
             self.register_buffer(
                 "e_score_correction_bias", correction_bias.float().to(device)
             )
@@ -482,6 +500,11 @@ class Int4MoE(nn.Module):
 
     def _check_device(self, hidden_states: torch.Tensor) -> None:
         device = self._buffer("w13_qdata").device
+        if device.type == "meta":
+            raise DeviceError(
+                "Int4MoE must hold its weights to run, got buffers on the meta device "
+                "(materialize them first, for example with to_empty and load_state_dict)"
+            )
         if hidden_states.device != device:
             raise DeviceError(
                 f"hidden_states must be on the module's device {device}, "
@@ -530,6 +553,15 @@ class Int4MoE(nn.Module):
         weights = self.weights
         local = int(weights.w13_qdata.shape[0])
         check_expert_weights(weights, self.config, num_experts=local)
+        for name, router in (
+            ("gate_weight", self.gate_weight),
+            (
+                "e_score_correction_bias",
+                self._optional_buffer("e_score_correction_bias"),
+            ),
+        ):
+            if router is not None:
+                check_finite(name, router.detach(), allow_meta=True)
         emap = self._optional_buffer("expert_map")
         if emap is not None:
             check_expert_map(
@@ -543,7 +575,18 @@ class Int4MoE(nn.Module):
         A dtype cast would round the float32 router (and the correction bias), which
         moves tokens to other experts; they follow device moves only. The prepared
         form is dropped at once (it holds the old tensors).
+
+        Raises:
+            DTypeError: before anything moves, for a cast that would leave the scales
+                in a dtype no backend reads (``.double()``).
         """
+        scale = self._buffer("w13_scale")
+        probe = fn(torch.empty(0, dtype=scale.dtype, device=scale.device))
+        if isinstance(probe, torch.Tensor) and not _is_scale_dtype(probe.dtype):
+            raise DTypeError(
+                f"Int4MoE cannot be cast to {probe.dtype}: its scales (w13_scale, "
+                "w2_scale) must stay float32, float16 or bfloat16; nothing was cast"
+            )
         kept = {  # detached: a parameter's .data is swapped in place by _apply
             name: tensor.detach()
             for name, tensor in (
@@ -578,12 +621,49 @@ class Int4MoE(nn.Module):
         )
 
 
-def _check_loaded_expert_map(
+def _is_scale_dtype(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_optional_tensors(**tensors: object) -> None:
+    """Each named argument is a tensor or ``None``."""
+    for name, tensor in tensors.items():
+        if tensor is not None:
+            check_type(name, tensor, torch.Tensor)
+
+
+_CODE_BUFFERS = ("w13_qdata", "w2_qdata", "w13_zero_point", "w2_zero_point")
+_FLOAT_BUFFERS = ("w13_scale", "w2_scale", "w13_bias", "w2_bias")
+
+
+def _check_loaded_state(
     module: nn.Module, state_dict: Mapping[str, Any], prefix: str, *_: object
 ) -> None:
-    """Refuse a loaded ``expert_map`` naming experts this module does not hold."""
+    """Refuse loaded tensors that torch's copy into the buffers would garble.
+
+    ``load_state_dict`` casts each tensor to its buffer's dtype: int32 codes would
+    wrap into uint8 and large fp32 scales overflow fp16 to inf, silently. Also
+    refuses an ``expert_map`` naming experts this module does not hold.
+    """
+    if not isinstance(module, Int4MoE):
+        return
+    for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS):
+        loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
+        if not isinstance(loaded, torch.Tensor) or buffer is None:
+            continue  # torch reports missing and unexpected keys
+        if name in _CODE_BUFFERS and loaded.dtype != torch.uint8:
+            raise DTypeError(
+                f"state_dict {prefix + name} must be uint8 (int4 codes, as saved), "
+                f"got dtype {loaded.dtype}"
+            )
+        if name in _FLOAT_BUFFERS and loaded.dtype != buffer.dtype:
+            check_finite(
+                f"state_dict {prefix + name} cast to the module's {buffer.dtype}",
+                loaded.to(buffer.dtype),
+                allow_meta=True,
+            )
     emap = state_dict.get(prefix + "expert_map")
-    if not isinstance(module, Int4MoE) or emap is None:
+    if emap is None:
         return
     if module._optional_buffer("expert_map") is None:
         return  # torch reports the unexpected key

@@ -256,7 +256,9 @@ def parse_quantization_config(
         sym = config.get("sym")
         return FormatOptions(
             format=method,
-            group_size=_opt_int(config.get("group_size")),
+            group_size=_opt_int(
+                config.get("group_size"), "quantization_config group_size"
+            ),
             symmetric=sym if isinstance(sym, bool) else None,
             # Configs older than the key (AutoGPTQ < 0.7) are v1.
             checkpoint_format=str(config.get("checkpoint_format", "gptq")),
@@ -365,8 +367,18 @@ def _written_by_gptqmodel(config: Mapping[str, object]) -> bool:
     return any(isinstance(n, str) and n.lower().startswith("gptqmodel") for n in names)
 
 
-def _opt_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _opt_int(value: object, name: str) -> int | None:
+    """A declared int, or ``None`` when not declared.
+
+    Raises:
+        ConfigError: for anything else (``"128"``, ``128.0``, ``true``): read as
+            "not declared", the group size would be guessed from the tensors.
+    """
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ConfigError(f"{name} must be an int, got {value!r}")
 
 
 def _awq_options(config: Mapping[str, object]) -> FormatOptions:
@@ -381,7 +393,9 @@ def _awq_options(config: Mapping[str, object]) -> FormatOptions:
             "AWQ without zero points (zero_point=false) is not a known layout"
         )
     group = config.get("group_size", config.get("q_group_size"))
-    return FormatOptions(format="awq", group_size=_opt_int(group))
+    return FormatOptions(
+        format="awq", group_size=_opt_int(group, "quantization_config group_size")
+    )
 
 
 def _ct_options(
@@ -405,7 +419,9 @@ def _ct_options(
             f"got type={args.get('type')!r} strategy={args.get('strategy')!r}"
         )
     group_size = (
-        -1 if args.get("strategy") == "channel" else _opt_int(args.get("group_size"))
+        -1
+        if args.get("strategy") == "channel"
+        else _opt_int(args.get("group_size"), f"{where} weights group_size")
     )
     sym = args.get("symmetric")
     return FormatOptions(

@@ -214,6 +214,22 @@ def test_awq_folder_reads_quant_config_json(
     _same(w, load_experts(tmp_path, prefix=PREFIX, config=CFG).weights)
 
 
+@pytest.mark.parametrize("group", ["32", 32.0, True])
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_a_group_size_that_is_not_an_int_is_refused(
+    method: str, group: object, generator: torch.Generator
+) -> None:
+    """Read as "not declared", the group size would be guessed from the tensors."""
+    w = _weights(generator, INT4_ASYM_G32)
+    state = _gptq_state(w) if method == "gptq" else _awq_state(w)
+    qc = {"quant_method": method, "bits": 4, "group_size": group}
+    with pytest.raises(
+        ConfigError,
+        match=rf"quantization_config group_size must be an int, got {group!r}",
+    ):
+        load_experts(state, prefix=PREFIX, config=CFG, quantization_config=qc)
+
+
 def test_fused_three_d_experts(generator: torch.Generator) -> None:
     from core.formats import split_experts, to_compressed_tensors
 

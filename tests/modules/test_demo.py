@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from core.errors import ConfigError
 from core.scheme import INT4_ASYM_G128, INT4_SYM
 from modules.__main__ import build_parser, main
 from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo, time_call
@@ -67,7 +68,7 @@ def test_demo_numbers(generator: torch.Generator) -> None:
 def test_parse_scheme() -> None:
     assert parse_scheme("asym-g128") == INT4_ASYM_G128
     assert parse_scheme("sym-g-1") == INT4_SYM
-    with pytest.raises(ValueError, match="scheme must look like"):
+    with pytest.raises(ConfigError, match="scheme must look like"):
         parse_scheme("int4")
 
 

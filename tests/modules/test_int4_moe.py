@@ -14,6 +14,7 @@ from core.config import MoEConfig
 from core.errors import (
     BackendUnavailableError,
     ConfigError,
+    ConfigTypeError,
     DeviceError,
     DTypeError,
     ShapeError,
@@ -598,6 +599,8 @@ def test_buffers_are_checked_before_a_backend_reads_them(
     with pytest.raises(ShapeError, match=r"w13_scale must have shape \(8, 128, 4\)"):
         moe(x)
     shard = Int4MoE(CFG, num_local_experts=4, device="meta").to_empty(device="cpu")
+    for name in ("w13_scale", "w2_scale"):  # finite, so the map's check is the one hit
+        shard.get_buffer(name).fill_(1.0)
     shard.get_buffer("expert_map").fill_(3)  # what uninitialized memory may hold
     with pytest.raises(ShapeError, match="expert_map must give each local id"):
         shard(x, router_logits=torch.randn(16, 8, generator=generator))
@@ -618,3 +621,173 @@ def test_fake_and_default_device_calls_do_not_poison_later_ones(
     with torch.device("meta"), contextlib.suppress(Exception):
         moe(x)
     torch.testing.assert_close(moe(x), expected, **EXACT)
+
+
+# ---------------------------------------------------------------- values and types
+
+
+def test_zero_points_above_15_are_refused(generator: torch.Generator) -> None:
+    """A zero point is one int4 code a byte: 200 would shift every weight of its group."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13, w2, INT4_ASYM_G32)
+    assert q.w13_zero_point is not None
+    zero = q.w13_zero_point.clone()
+    zero[3, 5, 1] = 200
+    with pytest.raises(
+        ShapeError,
+        match=r"w13_zero_point must hold int4 codes 0..15 .*got values up to 200",
+    ):
+        Int4MoE.from_quantized(attrs.evolve(q, w13_zero_point=zero), config=CFG)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["w13_scale", "w2_scale", "gate_weight", "e_score_correction_bias", "w2_bias"],
+)
+def test_non_finite_weights_are_refused_where_they_enter(
+    where: str, generator: torch.Generator
+) -> None:
+    """One NaN scale or router entry would turn every token it touches into NaN."""
+    w13, w2 = _float_weights(generator)
+    cfg = attrs.evolve(CFG, expert_bias=True)
+    q = attrs.evolve(
+        quantize_expert_weights(w13, w2, INT4_SYM_G32),
+        w13_bias=torch.zeros(8, 128, dtype=torch.bfloat16),
+        w2_bias=torch.zeros(8, 128, dtype=torch.bfloat16),
+    )
+    gate, bias = torch.randn(8, 128, generator=generator), torch.zeros(8)
+    tensors = {
+        "w13_scale": q.w13_scale.clone(),
+        "w2_scale": q.w2_scale.clone(),
+        "w2_bias": torch.zeros(8, 128, dtype=torch.bfloat16),
+        "gate_weight": gate,
+        "e_score_correction_bias": bias,
+    }
+    tensors[where].view(-1)[7] = float("nan")
+    q = attrs.evolve(
+        q,
+        w13_scale=tensors["w13_scale"],
+        w2_scale=tensors["w2_scale"],
+        w2_bias=tensors["w2_bias"],
+    )
+    with pytest.raises(ShapeError, match=rf"{where} must be finite, got 1 NaN/inf"):
+        Int4MoE.from_quantized(
+            q, config=cfg, gate_weight=gate, e_score_correction_bias=bias
+        )
+
+
+def test_non_finite_router_loaded_later_is_refused_at_the_next_call(
+    generator: torch.Generator,
+) -> None:
+    moe, x = _routed_layer(generator)
+    moe(x)
+    state = moe.state_dict()
+    state["gate_weight"] = state["gate_weight"].clone()
+    state["gate_weight"][2, 3] = float("inf")
+    moe.load_state_dict(state)
+    with pytest.raises(ShapeError, match="gate_weight must be finite, got 1 NaN/inf"):
+        moe(x)
+
+
+def test_reassigned_expert_map_is_checked_again(generator: torch.Generator) -> None:
+    """The map is read on every call but checked only before a prepare: replacing it
+    drops the prepared form, so the next call checks it."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13[:2], w2[:2], INT4_SYM_G32)
+    emap = torch.tensor([-1, -1, 0, 1, -1, -1, -1, -1], dtype=torch.int32)
+    moe = Int4MoE.from_quantized(q, config=CFG, expert_map=emap)
+    x = torch.randn(4, 128, generator=generator)
+    logits = torch.randn(4, 8, generator=generator)
+    moe(x, router_logits=logits)
+    moe.expert_map = torch.tensor([0, 0, 1, 1, -1, -1, -1, -1], dtype=torch.int32)
+    with pytest.raises(ShapeError, match=r"each local id to at most one global expert"):
+        moe(x, router_logits=logits)
+    moe.expert_map = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(
+        ShapeError, match=r"expert_map must have shape \(8,\), got \(2,\)"
+    ):
+        moe(x, router_logits=logits)
+
+
+def test_load_refuses_what_the_copy_into_the_buffers_would_garble(
+    generator: torch.Generator,
+) -> None:
+    """load_state_dict casts into each buffer's dtype: int32 codes would wrap into
+    uint8, and fp32 scales past fp16's range would become inf."""
+    moe = _module(generator, dtype=torch.float16)
+    state = {k: v.clone() for k, v in moe.state_dict().items()}
+    codes = dict(state, w13_qdata=state["w13_qdata"].to(torch.int32))
+    with pytest.raises(DTypeError, match=r"state_dict w13_qdata must be uint8.*int32"):
+        moe.load_state_dict(codes)
+    scales = dict(state, w2_scale=state["w2_scale"].float() * 1e8)
+    with pytest.raises(
+        ShapeError,
+        match=r"state_dict w2_scale cast to the module's torch.float16 must be finite",
+    ):
+        moe.load_state_dict(scales)
+    same = dict(state, w2_scale=state["w2_scale"].float())  # fits: loads exactly
+    moe.load_state_dict(same)
+    torch.testing.assert_close(moe.get_buffer("w2_scale"), state["w2_scale"], **EXACT)
+
+
+def test_a_cast_to_an_unsupported_dtype_is_refused_before_anything_moves(
+    generator: torch.Generator,
+) -> None:
+    moe, x = _routed_layer(generator)
+    before = moe(x)
+    for cast in (moe.double, lambda: moe.to(torch.float64)):
+        with pytest.raises(DTypeError, match=r"cannot be cast to torch\.float64"):
+            cast()
+        assert moe.get_buffer("w13_scale").dtype == torch.bfloat16
+    torch.testing.assert_close(moe(x), before, **EXACT)
+
+
+@pytest.mark.parametrize("count", [2.0, True, "2"])
+def test_num_local_experts_must_be_an_int(count: object) -> None:
+    with pytest.raises(
+        ConfigTypeError, match="num_local_experts must be an int or None"
+    ):
+        Int4MoE(CFG, num_local_experts=count)  # type: ignore[arg-type]  # deliberately bad
+    import numpy as np
+
+    shard = Int4MoE(CFG, num_local_experts=np.int64(2), device="meta")  # an Integral
+    assert shard.get_buffer("w13_qdata").shape[0] == 2
+
+
+def test_arguments_of_the_wrong_type_are_named(generator: torch.Generator) -> None:
+    """What strict mypy catches in users' code is also caught at run time, by name."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13, w2, INT4_SYM_G32)
+    cases: list[tuple[Any, str]] = [
+        (lambda: Int4MoE({"num_experts": 8}), "config must be a MoEConfig, got dict"),  # type: ignore[arg-type]
+        (lambda: Int4MoE(CFG, scheme="int4_sym_g32"), "scheme must be a Int4Scheme, got str"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_quantized(q.tensors(), config=CFG), "weights must be a QuantizedExpertWeights, got dict"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_quantized(q, config=CFG, expert_map=[0] * 8), "expert_map must be a Tensor, got list"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_quantized(q, config=CFG, gate_weight=1.0), "gate_weight must be a Tensor, got float"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_float(w13_weight=w13.numpy(), w2_weight=w2, config=CFG), "w13_weight must be a Tensor, got ndarray"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_checkpoint(42, prefix="m", config=CFG), "source must be a str or PathLike or Mapping, got int"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_checkpoint({}, prefix="m", config=CFG, quantization_config="gptq"), "quantization_config must be a Mapping, got str"),  # type: ignore[arg-type]
+    ]  # fmt: skip
+    for call, message in cases:
+        with pytest.raises(ConfigTypeError, match=message):
+            call()
+
+
+def test_meta_tensors_are_refused_where_values_are_needed(
+    generator: torch.Generator,
+) -> None:
+    w13, w2 = _float_weights(generator)
+    with pytest.raises(
+        DeviceError, match="w13_weight must hold values, got a tensor on the meta"
+    ):
+        Int4MoE.from_float(
+            w13_weight=w13.to("meta"), w2_weight=w2.to("meta"), config=CFG
+        )
+    moe = Int4MoE(CFG, device="meta")  # an empty layer, before its weights are loaded
+    with pytest.raises(
+        DeviceError, match="must hold its weights to run, got buffers on the meta"
+    ):
+        moe(
+            torch.randn(2, 128, device="meta"),
+            router_logits=torch.randn(2, 8, device="meta"),
+        )
