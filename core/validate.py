@@ -47,7 +47,9 @@ def check_type(name: str, value: object, expected: type | tuple[type, ...]) -> N
     if not isinstance(value, expected):
         types = expected if isinstance(expected, tuple) else (expected,)
         want = " or ".join(t.__name__ for t in types)
-        raise ConfigTypeError(f"{name} must be a {want}, got {type(value).__name__}")
+        raise ConfigTypeError(
+            f"{name} must be of type {want}, got {type(value).__name__}"
+        )
 
 
 def check_finite(name: str, tensor: torch.Tensor, *, allow_meta: bool = False) -> None:
@@ -65,6 +67,13 @@ def check_finite(name: str, tensor: torch.Tensor, *, allow_meta: bool = False) -
             f"{name} must hold values, got a tensor on the meta device (materialize "
             "it first, for example with to_empty and load_state_dict)"
         )
+    if not tensor.numel():
+        return
+    # Two reductions (NaN propagates through both), no tensor-sized temporary; the
+    # element-wise mask only to say where.
+    ends = torch.stack([tensor.detach().amax(), tensor.detach().amin()])
+    if bool(torch.isfinite(ends).all()):
+        return
     bad = ~torch.isfinite(tensor)
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])

@@ -759,14 +759,14 @@ def test_arguments_of_the_wrong_type_are_named(generator: torch.Generator) -> No
     w13, w2 = _float_weights(generator)
     q = quantize_expert_weights(w13, w2, INT4_SYM_G32)
     cases: list[tuple[Any, str]] = [
-        (lambda: Int4MoE({"num_experts": 8}), "config must be a MoEConfig, got dict"),  # type: ignore[arg-type]
-        (lambda: Int4MoE(CFG, scheme="int4_sym_g32"), "scheme must be a Int4Scheme, got str"),  # type: ignore[arg-type]
-        (lambda: Int4MoE.from_quantized(q.tensors(), config=CFG), "weights must be a QuantizedExpertWeights, got dict"),  # type: ignore[arg-type]
-        (lambda: Int4MoE.from_quantized(q, config=CFG, expert_map=[0] * 8), "expert_map must be a Tensor, got list"),  # type: ignore[arg-type]
-        (lambda: Int4MoE.from_quantized(q, config=CFG, gate_weight=1.0), "gate_weight must be a Tensor, got float"),  # type: ignore[arg-type]
-        (lambda: Int4MoE.from_float(w13_weight=w13.numpy(), w2_weight=w2, config=CFG), "w13_weight must be a Tensor, got ndarray"),  # type: ignore[arg-type]
-        (lambda: Int4MoE.from_checkpoint(42, prefix="m", config=CFG), "source must be a str or PathLike or Mapping, got int"),  # type: ignore[arg-type]
-        (lambda: Int4MoE.from_checkpoint({}, prefix="m", config=CFG, quantization_config="gptq"), "quantization_config must be a Mapping, got str"),  # type: ignore[arg-type]
+        (lambda: Int4MoE({"num_experts": 8}), "config must be of type MoEConfig, got dict"),  # type: ignore[arg-type]
+        (lambda: Int4MoE(CFG, scheme="int4_sym_g32"), "scheme must be of type Int4Scheme, got str"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_quantized(q.tensors(), config=CFG), "weights must be of type QuantizedExpertWeights, got dict"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_quantized(q, config=CFG, expert_map=[0] * 8), "expert_map must be of type Tensor, got list"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_quantized(q, config=CFG, gate_weight=1.0), "gate_weight must be of type Tensor, got float"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_float(w13_weight=w13.numpy(), w2_weight=w2, config=CFG), "w13_weight must be of type Tensor, got ndarray"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_checkpoint(42, prefix="m", config=CFG), "source must be of type str or PathLike or Mapping, got int"),  # type: ignore[arg-type]
+        (lambda: Int4MoE.from_checkpoint({}, prefix="m", config=CFG, quantization_config="gptq"), "quantization_config must be of type Mapping, got str"),  # type: ignore[arg-type]
     ]  # fmt: skip
     for call, message in cases:
         with pytest.raises(ConfigTypeError, match=message):
