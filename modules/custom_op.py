@@ -5,41 +5,162 @@ kernels, so a compiled inference graph calls the whole layer as ``int4_moe::forw
 an opaque op whose fake implementation gives the output's shape and dtype. The graph
 then has no break there, ``fullgraph=True`` can include the layer, and the CUDA-graph
 modes of ``torch.compile`` can capture it with the rest of the model (the Triton
-backends make no host synchronization). A captured graph replays the kernels it
-recorded, on the prepared form of that moment (the op's inputs do not include the
-layer's buffers, so nothing tells the graph they changed): after loading, moving or
-editing weights, reset Dynamo and compile again.
+backends make no host synchronization).
 
-A custom op takes tensors and numbers, not modules, so each layer registers itself
-here under a number that the graph carries. The registry holds weak references (it
-keeps no layer alive) and is, with the backend registry, the only module-level state
-of the package.
+The op is self-contained: its inputs are the layer's state tensors (``STATE``, in that
+order, ``None`` where absent) and a JSON spec of its config, scheme and backend
+(``describe_layer``), not a reference to the module. So what the graph passes is what runs:
+``torch.func.functional_call`` with other weights runs those weights, an in-graph edit
+of a buffer is ordered before the op that reads it, ``torch.export`` keeps the weights
+with the program, and identical layers share one compiled graph (equal specs, no guard
+on which layer it is). At run time the op finds the live layer holding exactly those
+tensors (``register_layer``; weak references, keeping no layer alive) and runs its
+forward, so its prepared form is shared with eager calls. Tensors no live layer holds
+(swapped in, or an exported program loaded elsewhere) get a layer of their own, built
+around them without copying and kept while they live (``_SHADOWS``).
+
+A captured CUDA graph replays the kernels it recorded, on the prepared form of that
+moment: after loading, moving or editing weights, reset Dynamo and compile again.
 
 Training (grad mode on, and the input or the routing requiring a gradient) keeps a
 graph break instead: the op has no backward of its own; the eager layer's is
 ``modules/backward.py``.
 """
 
-import itertools
+import json
 import weakref
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
+import attrs
 import torch
+
+from core.config import MoEConfig
+from core.scheme import Int4Mapping, Int4Scheme
 
 if TYPE_CHECKING:
     from modules.int4_moe import Int4MoE
 
-_LAYERS: Final[weakref.WeakValueDictionary[int, "Int4MoE"]] = (
-    weakref.WeakValueDictionary()
+STATE: Final = (
+    "w13_qdata",
+    "w13_scale",
+    "w13_zero_point",
+    "w2_qdata",
+    "w2_scale",
+    "w2_zero_point",
+    "w13_bias",
+    "w2_bias",
+    "gate_weight",
+    "e_score_correction_bias",
+    "expert_map",
 )
-_NUMBERS: Final = itertools.count()
+"""The layer's state tensors, in the order the op takes them."""
+
+_T = TypeVar("_T")
+
+_LAYERS: Final[weakref.WeakSet["Int4MoE"]] = weakref.WeakSet()
+_OWNERS: Final[dict[int, weakref.ReferenceType["Int4MoE"]]] = {}
+"""``id(w13_qdata)`` -> the layer last found holding it (a hint: always checked)."""
+_SHADOWS: Final[dict[int, "Int4MoE"]] = {}
+"""``id(w13_qdata)`` of tensors no live layer holds -> the layer built around them
+(which holds them, so an id is not reused while its entry lives)."""
+_MAX_ENTRIES: Final = 512
+"""Both dictionaries are cleared when they reach this size (shadows hold tensors)."""
 
 
-def register_layer(layer: "Int4MoE") -> int:
-    """A fresh number naming ``layer`` for ``int4_moe::forward`` (held weakly)."""
-    number = next(_NUMBERS)
-    _LAYERS[number] = layer
-    return number
+def register_layer(layer: "Int4MoE") -> None:
+    """Make ``layer`` findable by ``int4_moe::forward`` (held weakly)."""
+    _LAYERS.add(layer)
+
+
+def describe_layer(config: MoEConfig, scheme: Int4Scheme, backend: str) -> str:
+    """The op's description of a layer: config, scheme and backend, as JSON."""
+    return json.dumps(
+        {
+            "config": attrs.asdict(config),
+            "scheme": {
+                "mapping": scheme.mapping.value,
+                "group_size": scheme.group_size,
+            },
+            "backend": backend,
+        },
+        sort_keys=True,
+    )
+
+
+def _holds(layer: "Int4MoE", state: list[torch.Tensor | None], spec: str) -> bool:
+    """Whether ``layer`` is described by ``spec`` and holds exactly ``state``."""
+    mine = layer.op_state()
+    return layer.op_spec == spec and all(
+        a is b for a, b in zip(mine, state, strict=True)
+    )
+
+
+def _layer_for(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
+    """The live layer holding ``state`` under ``spec``, else one built around it."""
+    key = id(state[0])
+    ref = _OWNERS.get(key)
+    known = None if ref is None else ref()
+    if known is not None and _holds(known, state, spec):
+        return known
+    for layer in list(_LAYERS):
+        if _holds(layer, state, spec):
+            _remember(_OWNERS, key, weakref.ref(layer))
+            return layer
+    shadow = _SHADOWS.get(key)
+    if shadow is None or not _holds(shadow, state, spec):
+        shadow = _build(state, spec)
+        _remember(_SHADOWS, key, shadow)
+    return shadow
+
+
+def _remember(table: "dict[int, _T]", key: int, value: "_T") -> None:
+    if len(table) >= _MAX_ENTRIES:
+        table.clear()
+    table[key] = value
+
+
+def _build(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
+    """A layer around ``state`` (no copy), checked as ``from_quantized`` checks."""
+    from core.weights import QuantizedExpertWeights
+    from modules.int4_moe import Int4MoE  # it imports this module
+
+    described = json.loads(spec)
+    config = MoEConfig(**described["config"])
+    scheme = Int4Scheme(
+        mapping=Int4Mapping(described["scheme"]["mapping"]),
+        group_size=described["scheme"]["group_size"],
+    )
+    t = dict(zip(STATE, state, strict=True))
+    w13_qdata, w13_scale, w2_qdata, w2_scale = (
+        t["w13_qdata"],
+        t["w13_scale"],
+        t["w2_qdata"],
+        t["w2_scale"],
+    )
+    if w13_qdata is None or w13_scale is None or w2_qdata is None or w2_scale is None:
+        msg = "int4_moe::forward: state must hold the four int4 tensors, got None"
+        raise RuntimeError(msg)
+    weights = QuantizedExpertWeights(
+        w13_qdata=w13_qdata,
+        w13_scale=w13_scale,
+        w13_zero_point=t["w13_zero_point"],
+        w2_qdata=w2_qdata,
+        w2_scale=w2_scale,
+        w2_zero_point=t["w2_zero_point"],
+        scheme=scheme,
+        w13_bias=t["w13_bias"],
+        w2_bias=t["w2_bias"],
+    )
+    layer = Int4MoE.from_quantized(
+        weights,
+        config=config,
+        backend=described["backend"],
+        gate_weight=t["gate_weight"],
+        e_score_correction_bias=t["e_score_correction_bias"],
+        expert_map=t["expert_map"],
+    )
+    _LAYERS.discard(layer)  # found through _SHADOWS only
+    return layer
 
 
 @torch.library.custom_op("int4_moe::forward", mutates_args=())
@@ -48,17 +169,12 @@ def forward_op(
     router_logits: torch.Tensor | None,
     topk_weights: torch.Tensor | None,
     topk_ids: torch.Tensor | None,
-    layer: int,
+    state: list[torch.Tensor | None],
+    spec: str,
 ) -> torch.Tensor:
-    """The forward of the ``Int4MoE`` registered as ``layer``, run eagerly."""
-    module = _LAYERS.get(layer)
-    if module is None:
-        msg = (
-            f"int4_moe::forward: layer {layer} no longer exists (a compiled graph "
-            "outlived the Int4MoE it was traced with)"
-        )
-        raise RuntimeError(msg)
-    return module.forward_eager(hidden_states, router_logits, topk_weights, topk_ids)
+    """The forward of the ``Int4MoE`` that ``state`` and ``spec`` describe, eagerly."""
+    layer = _layer_for(state, spec)
+    return layer.forward_eager(hidden_states, router_logits, topk_weights, topk_ids)
 
 
 @forward_op.register_fake
@@ -67,12 +183,13 @@ def _forward_fake(
     router_logits: torch.Tensor | None,
     topk_weights: torch.Tensor | None,
     topk_ids: torch.Tensor | None,
-    layer: int,
+    state: list[torch.Tensor | None],
+    spec: str,
 ) -> torch.Tensor:
     """The output: ``hidden_states``'s shape, dtype and device, contiguous.
 
     Not ``empty_like``: that keeps a strided input's strides, which the real output
     (the backend's ``(T, D)`` rows reshaped) does not have.
     """
-    del router_logits, topk_weights, topk_ids, layer
+    del router_logits, topk_weights, topk_ids, state, spec
     return hidden_states.new_empty(hidden_states.shape)

@@ -42,7 +42,7 @@ from modules.buffers import (
     expert_map_size,
     local_experts,
 )
-from modules.custom_op import forward_op, register_layer
+from modules.custom_op import STATE, describe_layer, forward_op, register_layer
 from modules.prepared import PreparedCache
 
 if TYPE_CHECKING:
@@ -94,6 +94,8 @@ class Int4MoE(nn.Module):
     gate_weight: nn.Parameter | None
     e_score_correction_bias: torch.Tensor | None
     expert_map: torch.Tensor | None
+    op_spec: str
+    """The layer's config, scheme and backend as ``int4_moe::forward`` takes them."""
 
     def __init__(
         self,
@@ -115,7 +117,7 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
-        self._layer_number = register_layer(self)  # names it in compiled graphs
+        register_layer(self)  # findable by the compiled graphs' op
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
             config, scheme, local, dtype
@@ -389,6 +391,7 @@ class Int4MoE(nn.Module):
             where = DeviceInfo.of(scale.device)
             check_backend_name(name, self.config, self.scheme, where, dtype=scale.dtype)
         self._backend = name
+        self.op_spec = describe_layer(self.config, self.scheme, name)
         self.invalidate_prepared()
 
     @property
@@ -407,9 +410,16 @@ class Int4MoE(nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickled and deep-copied layers get their own number (``custom_op.py``)."""
+        """Unpickled and deep-copied layers are findable too (``custom_op.py``)."""
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        self._layer_number = register_layer(self)
+        register_layer(self)
+
+    def op_state(self) -> list[torch.Tensor | None]:
+        """The state tensors ``int4_moe::forward`` takes (``custom_op.STATE``)."""
+        return [
+            self.gate_weight if name == "gate_weight" else self._buffers.get(name)
+            for name in STATE
+        ]
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -446,7 +456,7 @@ class Int4MoE(nn.Module):
             ):
                 out: torch.Tensor = forward_op(
                     hidden_states, router_logits, topk_weights, topk_ids,
-                    self._layer_number,
+                    self.op_state(), self.op_spec,
                 )  # fmt: skip
                 return out
             # Made here, not at import: ``disable`` imports Dynamo (seconds).

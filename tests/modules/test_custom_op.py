@@ -3,6 +3,7 @@ graph holds it as one custom op, no break; training keeps a break and its backwa
 
 import copy
 import gc
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from core.config import MoEConfig
 from modules import Int4MoE
-from modules.custom_op import forward_op
+from modules.custom_op import STATE, forward_op
 from tests.tolerances import EXACT
 
 CFG = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
@@ -57,10 +58,10 @@ def test_inference_graph_holds_the_layer_as_one_op(generator: torch.Generator) -
 def test_each_layer_and_each_copy_runs_its_own_weights(
     generator: torch.Generator,
 ) -> None:
-    """Layers are named by number in the graph; a deep copy gets a number of its own."""
+    """The graph passes each layer's tensors; a deep copy has tensors of its own."""
     first = _layer(generator)
     second = copy.deepcopy(first)
-    assert second._layer_number != first._layer_number
+    assert second.op_state()[0] is not first.op_state()[0]
     with torch.no_grad():
         second.get_buffer("w2_scale").mul_(2.0)  # in place: the copy computes 2x
     second.invalidate_prepared()
@@ -98,17 +99,115 @@ def test_op_passes_torch_opcheck(generator: torch.Generator) -> None:
     moe = _layer(generator)
     x = torch.randn(3, 64, generator=generator)
     logits = torch.randn(3, 8, generator=generator)
-    torch.library.opcheck(forward_op, (x, logits, None, None, moe._layer_number))
+    torch.library.opcheck(
+        forward_op, (x, logits, None, None, moe.op_state(), moe.op_spec)
+    )
 
 
-def test_a_graph_that_outlives_its_layer_says_so(generator: torch.Generator) -> None:
+def test_the_op_runs_the_tensors_it_is_given(generator: torch.Generator) -> None:
+    """A live layer holding the tensors runs them with its prepared form; tensors no
+    live layer holds (its layer gone, or swapped in) get a layer built around them."""
     moe = _layer(generator)
-    number = moe._layer_number
     x = torch.randn(2, 64, generator=generator)
+    expected = moe(x)
+    state, spec, weights = moe.op_state(), moe.op_spec, moe.weights
+    prepared = moe._prepared
+    torch.testing.assert_close(forward_op(x, None, None, None, state, spec), expected)
+    assert moe._prepared is prepared  # the layer's own cache, not a second prepare
     del moe
     gc.collect()
-    with pytest.raises(RuntimeError, match=f"layer {number} no longer exists"):
-        forward_op(x, None, None, None, number)
+    torch.testing.assert_close(
+        forward_op(x, None, None, None, state, spec), expected, **EXACT
+    )
+    other = _layer(generator)  # another layer's gate: its routing, these experts
+    gate = STATE.index("gate_weight")
+    mixed = [*state[:gate], other.gate_weight, *state[gate + 1 :]]
+    routed = Int4MoE.from_quantized(weights, config=CFG, gate_weight=other.gate_weight)
+    torch.testing.assert_close(
+        forward_op(x, None, None, None, mixed, spec), routed(x), **EXACT
+    )
+
+
+def test_functional_call_under_compile_runs_the_weights_passed(
+    generator: torch.Generator,
+) -> None:
+    """``torch.func.functional_call`` swaps the module's tensors: the compiled op
+    runs the swapped ones, as eager does."""
+    mine, theirs = _layer(generator), _layer(generator)
+    x = torch.randn(3, 64, generator=generator)
+
+    def call(state: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.func.functional_call(mine, state, (x,))
+        return out
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        got = torch.compile(call, backend="aot_eager", fullgraph=True)(
+            theirs.state_dict(), x
+        )
+        torch.testing.assert_close(got, theirs(x), **EXACT)
+        assert not torch.allclose(got, mine(x))
+
+
+def test_an_in_graph_edit_of_a_buffer_runs_before_the_op(
+    generator: torch.Generator,
+) -> None:
+    """The op reads the buffers it is given, so a compiler orders writes to them
+    before it (it used to move the write-back after the op)."""
+    moe = _layer(generator)
+    x = torch.randn(3, 64, generator=generator)
+
+    def edit_then_run(x: torch.Tensor) -> torch.Tensor:
+        moe.get_buffer("w2_scale").mul_(2.0)
+        out: torch.Tensor = moe(x)
+        return out
+
+    with torch.no_grad():
+        before = moe(x)
+        torch._dynamo.reset()
+        got = torch.compile(edit_then_run, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(got, 2 * before, rtol=1e-5, atol=1e-6)
+
+
+def test_identical_layers_share_one_graph(generator: torch.Generator) -> None:
+    """Regional compilation (each block compiled alone): equal specs, no guard on
+    which layer, so twelve layers compile once, even with ``fullgraph=True``."""
+    blocks = [nn.Sequential(nn.Linear(64, 64), _layer(generator)) for _ in range(12)]
+    frames: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        del inputs
+        frames.append(1)
+        return gm.forward
+
+    x = torch.randn(3, 64, generator=generator)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        y, expected = x, x
+        for block in blocks:
+            y = torch.compile(block, backend=backend, fullgraph=True)(y)
+            expected = block(expected)
+    torch.testing.assert_close(y, expected, **EXACT)
+    assert len(frames) == 1
+
+
+def test_an_exported_program_keeps_its_weights(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    """``torch.export`` lifts the state into the program; loaded while its layer is
+    gone and another one exists, it still runs its own weights."""
+    model = nn.Sequential(nn.Linear(64, 64), _layer(generator))
+    x = torch.randn(3, 64, generator=generator)
+    with torch.no_grad():
+        expected = model(x)
+        torch.export.save(torch.export.export(model, (x,)), tmp_path / "m.pt2")
+    del model
+    gc.collect()
+    other = _layer(generator)
+    with torch.no_grad():
+        other(x)
+        got = torch.export.load(tmp_path / "m.pt2").module()(x)
+    torch.testing.assert_close(got, expected, **EXACT)
 
 
 # Inductor's own imports use torch.jit.script_method, which torch 2.13 deprecates.
@@ -140,7 +239,8 @@ def test_inductor_takes_a_strided_input(generator: torch.Generator) -> None:
         compiled = torch.compile(model, fullgraph=True)(x)
         torch.testing.assert_close(compiled, model(x), **EXACT)
         fake = torch.library.opcheck(
-            forward_op, (x.transpose(0, 1), None, None, None, moe._layer_number)
+            forward_op,
+            (x.transpose(0, 1), None, None, None, moe.op_state(), moe.op_spec),
         )
     assert all(result == "SUCCESS" for result in fake.values())
     assert moe(x.transpose(0, 1)).is_contiguous()
