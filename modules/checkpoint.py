@@ -80,6 +80,12 @@ def _open_source(source: Source, device: torch.device | str) -> _Source:
     return _files_source(_shard_map(Path(source)), str(device))
 
 
+def checkpoint_names(source: Source) -> frozenset[str]:
+    """The tensor names of a checkpoint (file headers only; no tensor is read)."""
+    check_type("source", source, (str, os.PathLike, Mapping))
+    return _open_source(source, "cpu").names
+
+
 def _shard_map(path: Path) -> dict[str, Path]:
     """Tensor name to the file holding it (headers only; no tensor is read)."""
     try:

@@ -17,7 +17,7 @@ from torch import nn
 from core.config import Activation, MoEConfig
 from core.errors import ConfigError
 from core.scheme import INT4_SYM_G32, Int4Scheme
-from modules.checkpoint import LoadedExperts, Source, load_experts
+from modules.checkpoint import LoadedExperts, Source, checkpoint_names, load_experts
 from modules.int4_moe import Int4MoE
 
 RoutingMode: TypeAlias = Literal["model", "config"]
@@ -271,6 +271,126 @@ def _param(module: nn.Module, name: str) -> torch.Tensor:
     return value.detach()
 
 
+class _ProbeExperts(nn.Module):
+    """A block's float experts' stand-in while ``_verify_block`` runs the block.
+
+    The int4 experts on the top-k the block hands them, in the block's call form
+    (``experts(hidden, ids, weights)``, in any order or by keyword).
+    """
+
+    def __init__(self, experts: Int4MoE) -> None:
+        super().__init__()
+        self.int4 = experts
+
+    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``(..., D)`` through the int4 experts on the given ids and weights."""
+        given = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        ids = [t for t in given if not t.is_floating_point()]
+        weights = [t for t in given if t.is_floating_point()]
+        if len(ids) != 1 or len(weights) != 1 or len(given) != len(args) + len(kwargs):
+            msg = (
+                "the block must call its experts with the hidden states, the top-k "
+                f"ids and their weights, got {len(args)} more arguments and keywords "
+                f"{sorted(kwargs)}"
+            )
+            raise _ProbeError(msg)
+        flat_TD = hidden.reshape(-1, hidden.shape[-1])
+        ids_TK = ids[0].reshape(flat_TD.shape[0], -1)
+        weights_TX = weights[0].reshape(flat_TD.shape[0], -1)
+        if weights_TX.shape != ids_TK.shape:  # dense (T, E) scores: the chosen ones
+            weights_TX = weights_TX.gather(1, ids_TK.long())
+        out_TD = self.int4(flat_TD, topk_weights=weights_TX, topk_ids=ids_TK)
+        return out_TD.reshape(hidden.shape)
+
+
+class _ProbeError(Exception):
+    """The block calls its experts in a way ``_ProbeExperts`` cannot stand in for."""
+
+
+_PROBE_TOKENS = 16
+_PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+"""Relative L2 difference allowed between a block and its replacement on the same
+int4 experts: float rounding in another order (and, with ``routing="config"``, the
+router's weights recomputed in float32); a dropped term or factor is far above."""
+
+
+def _verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> None:
+    """Refuse ``new`` unless it computes what ``original`` does with the int4 experts.
+
+    ``original`` runs on a few random tokens with its experts stood in for by the
+    int4 ones (``_ProbeExperts``), in eval mode, against ``new``: whatever the
+    original block does around its experts that ``Int4SparseMoeBlock`` does not (a
+    shared expert under another name, a norm, a scaling factor, a routing input kept
+    on the block) shows as a difference, or as an error in either. Skipped where the
+    router holds no values yet (meta tensors).
+
+    Raises:
+        ConfigError: naming the block and the difference or the error.
+    """
+    router = new.get_submodule(new.router_name)
+    weight = next(iter(router.parameters()), None)
+    if weight is None or weight.is_meta or not weight.is_floating_point():
+        return
+    gen = torch.Generator().manual_seed(0)
+    d = new.experts.config.hidden_size
+    x = torch.randn(1, _PROBE_TOKENS, d, generator=gen).to(weight.device, weight.dtype)
+    floats = original.get_submodule("experts")
+    modes = {m: m.training for m in (*original.modules(), *new.modules())}
+    try:
+        original.experts = _ProbeExperts(new.experts)
+        original.eval()
+        new.eval()
+        with torch.no_grad():
+            want = _run(name, "its forward", original, x)
+            got = _run(name, "the int4 block's forward", new, x)
+    finally:
+        original.experts = floats
+        for module, mode in modes.items():
+            module.training = mode
+    children = sorted(n for n, _ in original.named_children())
+    _compare(name, want, got, _PROBE_TOLERANCE.get(weight.dtype, 2e-2), children)
+
+
+def _run(name: str, what: str, block: nn.Module, x: torch.Tensor) -> object:
+    try:
+        out: object = block(x)
+    except Exception as err:  # any failure means: not this layout
+        raise ConfigError(
+            f"MoE block {name!r} must run on the hidden states alone with int4 "
+            f"experts, got {what} raising {type(err).__name__}: {err}"
+        ) from err
+    return out
+
+
+def _compare(
+    name: str, want: object, got: object, tolerance: float, children: list[str]
+) -> None:
+    """Outputs of the same structure and values within ``tolerance`` (relative L2)."""
+    wants = list(want) if isinstance(want, tuple) else [want]
+    gots = list(got) if isinstance(got, tuple) else [got]
+    if len(wants) != len(gots):
+        raise ConfigError(
+            f"MoE block {name!r} must return what Int4SparseMoeBlock returns, got "
+            f"{len(wants)} outputs against {len(gots)}"
+        )
+    for i, (a, b) in enumerate(zip(wants, gots, strict=True)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        if a.shape != b.shape:
+            raise ConfigError(
+                f"MoE block {name!r} output {i} must have shape {tuple(b.shape)} "
+                f"as in Int4SparseMoeBlock, got {tuple(a.shape)}"
+            )
+        diff = float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
+        if not diff <= tolerance:
+            raise ConfigError(
+                f"MoE block {name!r} must compute what Int4SparseMoeBlock computes "
+                f"(router, experts, shared experts), got output {i} differing by "
+                f"{diff:.3g} (relative L2, at most {tolerance:g}) on the same int4 "
+                f"experts: its forward does more than that (its children: {children})"
+            )
+
+
 def float_experts(
     block: nn.Module, *, model_type: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,6 +442,14 @@ def _int4_experts(
     bias = bias.detach().clone() if isinstance(bias, torch.Tensor) else None
     if checkpoint is None:
         w13, w2 = float_experts(block, model_type=model_type)
+        e, f, d = config.num_experts, config.intermediate_size, config.hidden_size
+        if tuple(w13.shape) != (e, 2 * f, d) or tuple(w2.shape) != (e, d, f):
+            raise ConfigError(
+                f"MoE block {name!r} must hold experts of the canonical layout "
+                f"(gate/up {(e, 2 * f, d)}, down {(e, d, f)} from its config), got "
+                f"{tuple(w13.shape)} and {tuple(w2.shape)}: a layout "
+                "replace_moe_blocks does not read"
+            )
         w13_bias, w2_bias = float_expert_biases(block, model_type=model_type)
         return Int4MoE.from_float(
             w13_weight=w13,
@@ -431,9 +559,20 @@ def replace_moe_blocks(
     )
     model_type = str(getattr(hf_config, "model_type", ""))
     blocks = find_moe_blocks(model)
-    for name, block in blocks.items():  # all checked before any is replaced
-        _check_block(name, block)
+    if not blocks:
+        raise ConfigError(
+            f"model must have sparse MoE blocks (a `gate` or `router` child and "
+            f"`experts` with a 3-D `gate_up_proj`), got none in {type(model).__name__} "
+            f"although its config declares {config.num_experts} experts"
+        )
+    # Checked before any block is replaced: each block's structure, the checkpoint's
+    # names, and one replacement of each kind of block against the original.
     for name, block in blocks.items():
+        _check_block(name, block)
+    if checkpoint is not None:
+        _check_checkpoint_has(checkpoint, blocks)
+
+    def build(name: str, block: nn.Module) -> Int4SparseMoeBlock:
         experts = _int4_experts(
             name,
             block,
@@ -444,19 +583,59 @@ def replace_moe_blocks(
             checkpoint=checkpoint,
             quantization_config=quantization_config,
         )
-        router_name = next(r for r in _ROUTERS if hasattr(block, r))
-        shared = {
-            n: getattr(block, n)
-            for n in (*_SHARED, "shared_expert_gate")
-            if isinstance(getattr(block, n, None), nn.Module)
-        }
-        new = Int4SparseMoeBlock(
-            router=getattr(block, router_name),
-            router_name=router_name,
-            experts=experts,
-            shared=shared,
-            routing=routing,
-            returns_router_scores=model_type == "gpt_oss",
-        )
+        new = _replacement(block, experts, routing=routing, model_type=model_type)
+        _verify_block(name, block, new)
+        return new
+
+    first_of_kind: dict[str, Int4SparseMoeBlock] = {}
+    kinds: set[tuple[type, tuple[str, ...]]] = set()
+    for name, block in blocks.items():
+        kind = (type(block), tuple(n for n, _ in block.named_children()))
+        if kind not in kinds:
+            kinds.add(kind)
+            first_of_kind[name] = build(name, block)
+    for name, block in blocks.items():
+        new = first_of_kind.pop(name, None) or build(name, block)
         model.set_submodule(name, new)
     return list(blocks)
+
+
+def _replacement(
+    block: nn.Module, experts: Int4MoE, *, routing: RoutingMode, model_type: str
+) -> Int4SparseMoeBlock:
+    """``block`` as an ``Int4SparseMoeBlock`` around ``experts``.
+
+    Its router and shared experts are taken over as they are.
+    """
+    router_name = next(r for r in _ROUTERS if hasattr(block, r))
+    shared = {
+        n: getattr(block, n)
+        for n in (*_SHARED, "shared_expert_gate")
+        if isinstance(getattr(block, n, None), nn.Module)
+    }
+    return Int4SparseMoeBlock(
+        router=getattr(block, router_name),
+        router_name=router_name,
+        experts=experts,
+        shared=shared,
+        routing=routing,
+        returns_router_scores=model_type == "gpt_oss",
+    )
+
+
+def _check_checkpoint_has(checkpoint: Source, blocks: Mapping[str, nn.Module]) -> None:
+    """Every block has expert tensors under one of its prefixes (names only).
+
+    Raises:
+        ConfigError: for the first block without any, naming the prefixes tried.
+    """
+    names = checkpoint_names(checkpoint)
+    heads = {n.split(".experts.")[0] for n in names if ".experts." in n}
+    for name in blocks:
+        prefixes = _checkpoint_prefixes(name)
+        if not any(p in heads for p in prefixes):
+            raise ConfigError(
+                f"checkpoint must hold the experts of block {name!r} (under "
+                f"{' or '.join(repr(p + '.experts.') for p in prefixes)}), got none; "
+                "no block was replaced"
+            )

@@ -19,6 +19,12 @@ from transformers import (
     Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
+    HunYuanMoEV1Config,
+    HunYuanMoEV1ForCausalLM,
+    JetMoeConfig,
+    JetMoeForCausalLM,
+    Lfm2MoeConfig,
+    Lfm2MoeForCausalLM,
     Llama4ForCausalLM,
     Llama4TextConfig,
     LlamaConfig,
@@ -340,11 +346,38 @@ def test_checkpoint_without_the_block_names_each_prefix_tried() -> None:
     with pytest.raises(
         ConfigError,
         match=r"block 'model.layers.0.mlp', got for each prefix: 'model.layers.0.mlp': "
-        r"prefix 'model.layers.0.mlp': no tensors under 'model.layers.0.mlp.experts.' "
-        r"in the checkpoint; it has no `.experts.` tensors; "
-        r"'model.layers.0.block_sparse_moe': prefix",
+        r"cannot tell the format: .* got suffixes \['x'\]; "
+        r"'model.layers.0.block_sparse_moe': prefix 'model.layers.0.block_sparse_moe': "
+        r"no tensors under 'model.layers.0.block_sparse_moe.experts.' in the checkpoint",
+    ):  # names under each block's prefix, but not tensors loading can read
+        replace_moe_blocks(
+            _build("mixtral"),
+            checkpoint={
+                f"model.layers.{i}.mlp.experts.x": torch.zeros(1) for i in (0, 1)
+            },
+        )
+
+
+def test_a_checkpoint_missing_a_later_block_replaces_none() -> None:
+    """Every block's names are looked for before any block is replaced: a checkpoint
+    holding only the first layer's experts leaves the model as it was."""
+    original = _build("qwen3_moe")
+    quantized = copy.deepcopy(original)
+    names = replace_moe_blocks(quantized, backend="reference")
+    int4 = quantized.get_submodule(f"{names[0]}.experts")
+    assert isinstance(int4, Int4MoE)
+    first = export_expert_weights(int4.weights, prefix=f"{names[0]}.experts")
+    model = copy.deepcopy(original)
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoint must hold the experts of block 'model.layers.1.mlp' \(under "
+        r"'model.layers.1.mlp.experts.' or 'model.layers.1.block_sparse_moe.experts.'\), "
+        r"got none; no block was replaced",
     ):
-        replace_moe_blocks(_build("mixtral"), checkpoint={"x": torch.zeros(1)})
+        replace_moe_blocks(model, backend="reference", checkpoint=first)
+    assert not any(isinstance(m, Int4SparseMoeBlock) for m in model.modules()), (
+        "a block was replaced"
+    )
 
 
 def test_deepseek_correction_bias_is_not_shared_with_the_router() -> None:
@@ -525,3 +558,92 @@ def test_routers_behind_star_args_wrappers_are_accepted(
     original = copy.deepcopy(model)
     assert replace_moe_blocks(model, backend="reference") == names
     _assert_runs_its_dequantized_experts(original, model, names, generator)
+
+
+# ------------------------------------------------- blocks that do more than the layout
+
+
+def _assert_left_alone(model: nn.Module) -> None:
+    assert not any(isinstance(m, Int4SparseMoeBlock) for m in model.modules())
+
+
+def test_a_shared_expert_under_another_name_is_refused() -> None:
+    """HunYuan-MoE keeps its shared expert as ``shared_mlp``: replaced, it would be
+    dropped (block output off by about 0.8). The check against the original block on
+    the same int4 experts refuses it before any block is replaced."""
+    model = HunYuanMoEV1ForCausalLM(
+        HunYuanMoEV1Config(
+            **COMMON, **HEAD_DIM, intermediate_size=64, num_experts=8, moe_topk=2
+        )
+    )
+    assert "shared_mlp" in dict(model.model.layers[0].mlp.named_children())
+    with pytest.raises(
+        ConfigError,
+        match=r"MoE block 'model\.layers\.0\.mlp' must compute what Int4SparseMoeBlock "
+        r"computes .* differing by [0-9.]+ .*its children: \['experts', 'gate', "
+        r"'shared_mlp'\]",
+    ):
+        replace_moe_blocks(model, backend="reference")
+    _assert_left_alone(model)
+
+
+def test_a_block_scaling_its_output_is_refused(generator: torch.Generator) -> None:
+    """A factor applied in the block's own forward (not by its router) would be lost."""
+    model = _build("qwen3_moe")
+    for name in find_moe_blocks(model):
+        block = model.get_submodule(name)
+        plain = type(block).forward
+
+        def scaled(self: nn.Module, h: torch.Tensor, plain: Any = plain) -> Any:
+            return 2.5 * plain(self, h)
+
+        block.forward = scaled.__get__(block)  # this block only
+    with pytest.raises(ConfigError, match=r"differing by 0\.6"):
+        replace_moe_blocks(model, backend="reference")
+    _assert_left_alone(model)
+
+
+def test_a_router_needing_block_state_is_refused_at_replacement() -> None:
+    """LFM2-MoE passes the block's ``expert_bias`` to its router, whose default lets
+    the signature check through: running the replacement raises, so it is refused."""
+    model = Lfm2MoeForCausalLM(
+        Lfm2MoeConfig(
+            **COMMON,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_dense_layers=0,
+            use_expert_bias=True,
+            layer_types=["full_attention", "full_attention"],
+        )
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"must run on the hidden states alone with int4 experts, got the int4 "
+        r"block's forward raising TypeError",
+    ):
+        replace_moe_blocks(model, backend="reference")
+    _assert_left_alone(model)
+
+
+def test_a_model_without_blocks_of_the_layout_says_so() -> None:
+    """JetMoE declares experts but keeps them in another layout: not silently left."""
+    model = JetMoeForCausalLM(
+        JetMoeConfig(
+            vocab_size=64,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_key_value_heads=2,
+            kv_channels=16,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        )
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"model must have sparse MoE blocks .* got none in JetMoeForCausalLM "
+        r"although its config declares 4 experts",
+    ):
+        replace_moe_blocks(model, backend="reference")
