@@ -32,6 +32,7 @@ from core.formats.options import (
     parse_quantization_config,
     to_checkpoint_format,
 )
+from core.scheme import Int4Mapping, Int4Scheme
 from core.validate import check_type
 from core.weights import QuantizedExpertWeights
 from modules.int4_moe import Int4MoE
@@ -298,6 +299,13 @@ def load_experts(
     rel = {n[len(base) :] for n in src.names if n.startswith(base)}
     if not rel:
         raise ConfigError(f"prefix {prefix!r}: " + _missing_experts(base, src.names))
+    if rel >= _CANONICAL_REQUIRED:
+        if fmt != "auto":
+            raise ConfigError(
+                f"format {fmt!r} contradicts the checkpoint: it holds int4-moe's own "
+                f"tensors ({sorted(_CANONICAL_REQUIRED)}) under {base!r}"
+            )
+        return _canonical(src, prefix, base, rel, config)
     plan = _plan(rel, config.num_experts)
     modules = [base + key for keys in plan.values() for key in keys]
     opts = parse_quantization_config(
@@ -325,6 +333,81 @@ def load_experts(
         gate_weight=tensors.get(gate_name),
         e_score_correction_bias=None if bias_name is None else tensors[bias_name],
         format=opts.format,
+    )
+
+
+_CANONICAL_REQUIRED: Final = frozenset(
+    {"w13_qdata", "w13_scale", "w2_qdata", "w2_scale"}
+)
+_CANONICAL_OPTIONAL: Final = frozenset(
+    {
+        "w13_zero_point",
+        "w2_zero_point",
+        "w13_bias",
+        "w2_bias",
+        "e_score_correction_bias",
+    }
+)
+
+
+def _canonical(
+    src: _Source, prefix: str, base: str, rel: set[str], config: MoEConfig
+) -> LoadedExperts:
+    """An ``Int4MoE``'s own state under ``base`` (a replaced model's saved state).
+
+    The scheme follows from the tensors: asymmetric where zero points are stored, the
+    group size from the number of scale groups (one per row: ``-1``).
+
+    Raises:
+        ConfigError: for tensors int4-moe does not store there (``expert_map``: a
+            shard of an expert-parallel layer is not a whole layer), or scale groups
+            that give no supported group size.
+    """
+    extra = rel - _CANONICAL_REQUIRED - _CANONICAL_OPTIONAL
+    if extra:
+        raise ConfigError(
+            f"unexpected tensors beside int4-moe's own under {base!r}: "
+            f"{_listing(extra, base)}"
+        )
+    bias_name = _correction_bias_name(prefix, src.names)
+    gate_name = _join(prefix, "gate.weight")
+    router = [n for n in (gate_name, bias_name) if n is not None and n in src.names]
+    tensors = src.read([base + n for n in rel] + router)
+    t = {n: tensors[base + n] for n in rel}
+    zero = t.get("w13_zero_point")
+    groups = int(t["w13_scale"].shape[-1])
+    d = config.hidden_size
+    if groups < 1 or d % groups:
+        raise ConfigError(
+            f"{base}w13_scale must hold a number of groups dividing hidden_size={d}, "
+            f"got {groups}"
+        )
+    scheme = Int4Scheme(
+        mapping=Int4Mapping.SYMMETRIC if zero is None else Int4Mapping.ASYMMETRIC,
+        group_size=-1 if groups == 1 else d // groups,
+    )
+    weights = QuantizedExpertWeights(
+        w13_qdata=t["w13_qdata"],
+        w13_scale=t["w13_scale"],
+        w13_zero_point=zero,
+        w2_qdata=t["w2_qdata"],
+        w2_scale=t["w2_scale"],
+        w2_zero_point=t.get("w2_zero_point"),
+        scheme=scheme,
+        w13_bias=t.get("w13_bias"),
+        w2_bias=t.get("w2_bias"),
+    )
+    _check_sizes(weights, config)
+    bias = (
+        tensors[bias_name]
+        if bias_name is not None
+        else t.get("e_score_correction_bias")
+    )
+    return LoadedExperts(
+        weights=weights,
+        gate_weight=tensors.get(gate_name),
+        e_score_correction_bias=bias,
+        format="int4-moe",
     )
 
 

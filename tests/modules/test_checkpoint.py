@@ -474,3 +474,27 @@ def test_auto_round_checkpoints_load_as_their_packing(
     loaded = load_experts(state, prefix=PREFIX, config=CFG, quantization_config=qc)
     assert loaded.format == packing.rsplit("_", 1)[-1]
     _same(w, loaded.weights)
+
+
+def test_int4_moe_own_state_is_read_as_it_is(generator: torch.Generator) -> None:
+    """A saved Int4MoE's buffers under ``<prefix>.experts.``: the scheme follows from
+    them (zero points: asymmetric; scale groups: the group size)."""
+    from core.scheme import INT4_SYM
+
+    def saved(w: QuantizedExpertWeights) -> dict[str, torch.Tensor]:
+        moe = Int4MoE.from_quantized(w, config=CFG)
+        return {f"{PREFIX}.experts.{k}": v for k, v in moe.state_dict().items()}
+
+    for scheme in (INT4_ASYM_G32, INT4_SYM):
+        w = _weights(generator, scheme)
+        loaded = load_experts(saved(w), prefix=PREFIX, config=CFG)
+        assert loaded.format == "int4-moe"
+        _same(w, loaded.weights)
+    state = saved(_weights(generator, INT4_SYM_G32))
+    with pytest.raises(ConfigError, match="format 'gptq' contradicts the checkpoint"):
+        load_experts(state, prefix=PREFIX, config=CFG, format="gptq")
+    shard = state | {f"{PREFIX}.experts.expert_map": torch.zeros(3, dtype=torch.int32)}
+    with pytest.raises(
+        ConfigError, match=r"unexpected tensors beside int4-moe's own .*expert_map"
+    ):
+        load_experts(shard, prefix=PREFIX, config=CFG)

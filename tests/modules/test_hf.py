@@ -7,6 +7,7 @@ rounding only), and against the original float model (int4 error, SQNR floor).
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -647,3 +648,28 @@ def test_a_model_without_blocks_of_the_layout_says_so() -> None:
         r"although its config declares 4 experts",
     ):
         replace_moe_blocks(model, backend="reference")
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_a_replaced_model_saved_by_transformers_loads_back(
+    name: str, generator: torch.Generator, tmp_path: Path
+) -> None:
+    """``save_pretrained`` of a replaced model writes int4-moe's own tensors (Mixtral's
+    under ``block_sparse_moe``: transformers renames the block on saving); they are
+    read back as they are, bit for bit."""
+    original = _build(name)
+    quantized = copy.deepcopy(original)
+    replace_moe_blocks(quantized, scheme=INT4_ASYM_G32, backend="reference")
+    quantized.save_pretrained(tmp_path)
+    loaded = copy.deepcopy(original)
+    names = replace_moe_blocks(loaded, backend="reference", checkpoint=tmp_path)
+    for block in names:
+        want = quantized.get_submodule(f"{block}.experts")
+        got = loaded.get_submodule(f"{block}.experts")
+        assert isinstance(want, Int4MoE)
+        assert isinstance(got, Int4MoE)
+        assert got.scheme == INT4_ASYM_G32
+        for key, tensor in want.state_dict().items():
+            torch.testing.assert_close(got.state_dict()[key], tensor, **EXACT)
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    torch.testing.assert_close(_logits(loaded, ids), _logits(quantized, ids), **EXACT)
