@@ -36,23 +36,12 @@ import torch
 
 from core.config import MoEConfig
 from core.scheme import Int4Mapping, Int4Scheme
+from modules.prepared import WEIGHT_BUFFERS
 
 if TYPE_CHECKING:
     from modules.int4_moe import Int4MoE
 
-STATE: Final = (
-    "w13_qdata",
-    "w13_scale",
-    "w13_zero_point",
-    "w2_qdata",
-    "w2_scale",
-    "w2_zero_point",
-    "w13_bias",
-    "w2_bias",
-    "gate_weight",
-    "e_score_correction_bias",
-    "expert_map",
-)
+STATE: Final = (*WEIGHT_BUFFERS, "gate_weight", "e_score_correction_bias", "expert_map")
 """The layer's state tensors, in the order the op takes them."""
 
 _T = TypeVar("_T")
