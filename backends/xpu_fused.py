@@ -29,6 +29,7 @@ from core.errors import BackendUnavailableError, ConfigError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.routing import Routing
 from core.scheme import Int4Scheme
+from core.validate import check_cast_fits
 from core.weights import QuantizedExpertWeights
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ def _private_copies(
         return t.clone(memory_format=torch.contiguous_format)
 
     def scale(t: torch.Tensor) -> torch.Tensor:
+        check_cast_fits("scales (in the activation dtype the kernels read)", t, dtype)
         return t.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
 
     return ProviderWeights(

@@ -82,6 +82,31 @@ def check_finite(name: str, tensor: torch.Tensor, *, allow_meta: bool = False) -
         )
 
 
+def check_cast_fits(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """Raise ``ShapeError`` unless ``tensor`` cast to ``dtype`` keeps its values.
+
+    Finite values must stay finite (no overflow to inf) and nonzero ones nonzero (no
+    underflow to 0): a scale that does either ruins its whole group, silently. Meta
+    tensors (no values) and casts to the same dtype pass.
+    """
+    if tensor.is_meta or tensor.dtype == dtype or not tensor.numel():
+        return
+    cast = tensor.detach().to(dtype)
+    grew = torch.isfinite(tensor) & ~torch.isfinite(cast)
+    if bool(grew.any()):
+        raise ShapeError(
+            f"{name} must fit {dtype}, got {int(grew.sum())} values overflowing it "
+            f"(largest magnitude {float(tensor.detach().abs().amax()):.3g})"
+        )
+    lost = (tensor != 0) & (cast == 0)
+    if bool(lost.any()):
+        smallest = float(tensor.detach()[lost].abs().amin())
+        raise ShapeError(
+            f"{name} must fit {dtype}, got {int(lost.sum())} nonzero values rounding "
+            f"to 0 (smallest magnitude {smallest:.3g})"
+        )
+
+
 def check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
     """Raise ``ShapeError`` unless ``tensor.shape == expected``."""
     if tuple(tensor.shape) != expected:

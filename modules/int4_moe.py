@@ -25,6 +25,7 @@ from core.quantize import quantize_expert_weights
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from core.validate import (
     check_activation_dtype,
+    check_cast_fits,
     check_expert_weights,
     check_finite,
     check_float_expert_weights,
@@ -589,14 +590,26 @@ class Int4MoE(nn.Module):
         Raises:
             DTypeError: before anything moves, for a cast that would leave the scales
                 in a dtype no backend reads (``.double()``).
+            ShapeError: before anything moves, for a cast that scales or expert
+                biases do not fit (values overflowing, or nonzero ones rounding to 0,
+                as bf16 scales below fp16's range do under ``.half()``).
         """
         scale = self._buffer("w13_scale")
         probe = fn(torch.empty(0, dtype=scale.dtype, device=scale.device))
-        if isinstance(probe, torch.Tensor) and not _is_scale_dtype(probe.dtype):
-            raise DTypeError(
-                f"Int4MoE cannot be cast to {probe.dtype}: its scales (w13_scale, "
-                "w2_scale) must stay float32, float16 or bfloat16; nothing was cast"
-            )
+        if isinstance(probe, torch.Tensor) and probe.dtype != scale.dtype:
+            if not _is_scale_dtype(probe.dtype):
+                raise DTypeError(
+                    f"Int4MoE cannot be cast to {probe.dtype}: its scales (w13_scale, "
+                    "w2_scale) must stay float32, float16 or bfloat16; nothing was cast"
+                )
+            for name in _FLOAT_BUFFERS:  # before anything moves
+                tensor = self._optional_buffer(name)
+                if tensor is not None:
+                    check_cast_fits(
+                        f"{name} (cast to {probe.dtype}; nothing was cast)",
+                        tensor,
+                        probe.dtype,
+                    )
         kept = {  # detached: a parameter's .data is swapped in place by _apply
             name: tensor.detach()
             for name, tensor in (
@@ -666,12 +679,8 @@ def _check_loaded_state(
                 f"state_dict {prefix + name} must be uint8 (int4 codes, as saved), "
                 f"got dtype {loaded.dtype}"
             )
-        if name in _FLOAT_BUFFERS and loaded.dtype != buffer.dtype:
-            check_finite(
-                f"state_dict {prefix + name} cast to the module's {buffer.dtype}",
-                loaded.to(buffer.dtype),
-                allow_meta=True,
-            )
+        if name in _FLOAT_BUFFERS:  # torch's copy casts to the buffer's dtype
+            check_cast_fits(f"state_dict {prefix + name}", loaded, buffer.dtype)
     emap = state_dict.get(prefix + "expert_map")
     if emap is None:
         return

@@ -22,7 +22,7 @@ from backends.base import (
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix, is_interpreting
 from core.config import MoEConfig
-from core.errors import DTypeError
+from core.errors import DTypeError, ShapeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.quantize import dequantize_expert
 from core.routing import Routing
@@ -223,6 +223,15 @@ def _dequantize_per_expert(
     return w13, w2
 
 
+def _largest_weight(weights: QuantizedExpertWeights, name: str) -> float:
+    """The largest dequantized magnitude of ``name`` (w13 or w2), in float32."""
+    largest = 0.0
+    for expert in range(weights.num_experts):
+        w13, w2 = dequantize_expert(weights, expert, dtype=torch.float32)
+        largest = max(largest, float((w13 if name == "w13" else w2).abs().amax()))
+    return largest
+
+
 @final
 class TritonEmulationBackend:
     """Dequantize at load, then our own Triton fused MoE on 16-bit weights.
@@ -266,6 +275,14 @@ class TritonEmulationBackend:
             stacklevel=2,
         )
         w13, w2 = _dequantize_per_expert(weights, sixteen_bit)
+        for name, w in (("w13", w13), ("w2", w2)):
+            if not bool(torch.isfinite(torch.stack([w.amax(), w.amin()])).all()):
+                raise ShapeError(
+                    f"triton-emulation's {name} dequantized to {sixteen_bit} must be "
+                    f"finite, got values past its range (largest int4 weight "
+                    f"{_largest_weight(weights, name):.3g}); run the layer in bf16 "
+                    "or on triton-w4a16, which keeps the scales apart"
+                )
         return TritonEmulationPrepared(
             weights=weights,
             config=config,

@@ -285,3 +285,30 @@ def test_emulation_refuses_weights_prepared_for_another_dtype(
         r"got torch\.float16: prepare again with dtype=torch\.bfloat16$",
     ):
         TritonEmulationBackend().apply(hidden_TD, prepared, routing)
+
+
+def test_emulation_refuses_weights_past_the_sixteen_bit_range(
+    generator: torch.Generator,
+) -> None:
+    """triton-emulation dequantizes to the activation's 16-bit dtype at prepare: a
+    weight past fp16's range would be inf there (all-NaN outputs), so it refuses;
+    bf16 holds it."""
+    from core.errors import ShapeError
+    from core.quantize import quantize_expert_weights
+    from core.scheme import INT4_SYM_G32
+
+    config = MoEConfig(num_experts=2, top_k=1, hidden_size=64, intermediate_size=32)
+    w13 = torch.randn(2, 64, 64, generator=generator) * 1e5
+    w2 = torch.randn(2, 64, 32, generator=generator)
+    weights = quantize_expert_weights(w13, w2, INT4_SYM_G32, scale_dtype=torch.float32)
+    emulation = TritonEmulationBackend()
+    with (
+        pytest.warns(EmulationMemoryWarning),
+        pytest.raises(
+            ShapeError,
+            match=r"triton-emulation's w13 dequantized to torch.float16 must be finite",
+        ),
+    ):
+        emulation.prepare(weights, config, dtype=torch.float16)
+    with pytest.warns(EmulationMemoryWarning):
+        emulation.prepare(weights, config, dtype=torch.bfloat16)

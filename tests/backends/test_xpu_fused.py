@@ -11,6 +11,7 @@ from backends.xpu.ipex import IPEXGatedMLPMOEProvider
 from backends.xpu.vllm_kernels import VllmXpuKernelsProvider
 from backends.xpu_fused import XPUFusedBackend, XPUFusedPrepared
 from core.config import Activation
+from core.errors import ShapeError
 from core.layout import CANONICAL_LAYOUT
 from core.reference import moe_forward_reference
 from core.routing import Routing
@@ -334,3 +335,17 @@ def test_real_xpu_matches_oracle(generator: torch.Generator) -> None:
     expected = moe_forward_reference(hidden, weights, routing, make_config())
     torch.testing.assert_close(out.cpu(), expected, **KERNEL_VS_ORACLE[torch.bfloat16])
     assert_untouched(moved, before)
+
+
+def test_scales_that_do_not_fit_the_activation_dtype_are_refused(
+    generator: torch.Generator,
+) -> None:
+    """The kernels read scales in the activation dtype: bf16 scales past fp16's range
+    would turn into inf there, so prepare refuses them."""
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    big = weights.w13_scale.clone()
+    big[0, 0, 0] = 1e6
+    with pytest.raises(ShapeError, match=r"must fit torch.float16, got 1 values"):
+        fake_backend(FakeXpuKernels()).prepare(
+            attrs.evolve(weights, w13_scale=big), make_config(), dtype=torch.float16
+        )

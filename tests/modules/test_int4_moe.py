@@ -722,9 +722,14 @@ def test_load_refuses_what_the_copy_into_the_buffers_would_garble(
     scales = dict(state, w2_scale=state["w2_scale"].float() * 1e8)
     with pytest.raises(
         ShapeError,
-        match=r"state_dict w2_scale cast to the module's torch.float16 must be finite",
+        match=r"state_dict w2_scale must fit torch.float16, got \d+ values overflowing",
     ):
         moe.load_state_dict(scales)
+    tiny = dict(state, w2_scale=state["w2_scale"].float() * 1e-8)  # below fp16's range
+    with pytest.raises(
+        ShapeError, match=r"state_dict w2_scale must fit torch.float16, got \d+ nonzero"
+    ):
+        moe.load_state_dict(tiny)
     same = dict(state, w2_scale=state["w2_scale"].float())  # fits: loads exactly
     moe.load_state_dict(same)
     torch.testing.assert_close(moe.get_buffer("w2_scale"), state["w2_scale"], **EXACT)
@@ -740,6 +745,16 @@ def test_a_cast_to_an_unsupported_dtype_is_refused_before_anything_moves(
             cast()
         assert moe.get_buffer("w13_scale").dtype == torch.bfloat16
     torch.testing.assert_close(moe(x), before, **EXACT)
+    # bf16 scales below fp16's range would round to 0 under .half(): refused too.
+    with torch.no_grad():
+        moe.get_buffer("w2_scale")[0, 0, 0] = 1e-9
+    with pytest.raises(
+        ShapeError,
+        match=r"w2_scale \(cast to torch.float16; nothing was cast\) must fit "
+        r"torch.float16, got 1 nonzero values rounding to 0",
+    ):
+        moe.half()
+    assert moe.get_buffer("w2_scale").dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("count", [2.0, True, "2"])
