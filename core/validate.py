@@ -143,10 +143,11 @@ def _check_zero_point(
 ) -> None:
     """uint8 zero points, one code ``0..15`` a byte (not packed)."""
     _check_codes(name, tensor, expected)
-    if tensor.numel() and not tensor.is_meta and int(tensor.max()) > 15:
+    largest = int(tensor.max()) if tensor.numel() and not tensor.is_meta else 0
+    if largest > 15:
         raise ShapeError(
             f"{name} must hold int4 codes 0..15 (one a byte, unpacked), got values up "
-            f"to {int(tensor.max())}"
+            f"to {largest}"
         )
 
 

@@ -346,6 +346,7 @@ _CANONICAL_OPTIONAL: Final = frozenset(
         "w13_bias",
         "w2_bias",
         "e_score_correction_bias",
+        "gate_weight",
     }
 )
 
@@ -405,7 +406,7 @@ def _canonical(
     )
     return LoadedExperts(
         weights=weights,
-        gate_weight=tensors.get(gate_name),
+        gate_weight=tensors.get(gate_name, t.get("gate_weight")),
         e_score_correction_bias=bias,
         format="int4-moe",
     )

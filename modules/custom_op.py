@@ -17,7 +17,8 @@ on which layer it is). At run time the op finds the live layer holding exactly t
 tensors (``register_layer``; weak references, keeping no layer alive) and runs its
 forward, so its prepared form is shared with eager calls. Tensors no live layer holds
 (swapped in, or an exported program loaded elsewhere) get a layer of their own, built
-around them without copying and kept while they live (``_SHADOWS``).
+around aliases of them without copying and dropped when any of them is freed
+(``_SHADOWS``).
 
 A captured CUDA graph replays the kernels it recorded, on the prepared form of that
 moment: after loading, moving or editing weights, reset Dynamo and compile again.
@@ -29,7 +30,7 @@ graph break instead: the op has no backward of its own; the eager layer's is
 
 import json
 import weakref
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import torch
@@ -44,16 +45,37 @@ if TYPE_CHECKING:
 STATE: Final = (*WEIGHT_BUFFERS, "gate_weight", "e_score_correction_bias", "expert_map")
 """The layer's state tensors, in the order the op takes them."""
 
-_T = TypeVar("_T")
-
 _LAYERS: Final[weakref.WeakSet["Int4MoE"]] = weakref.WeakSet()
 _OWNERS: Final[dict[int, weakref.ReferenceType["Int4MoE"]]] = {}
-"""``id(w13_qdata)`` -> the layer last found holding it (a hint: always checked)."""
-_SHADOWS: Final[dict[int, "Int4MoE"]] = {}
-"""``id(w13_qdata)`` of tensors no live layer holds -> the layer built around them
-(which holds them, so an id is not reused while its entry lives)."""
-_MAX_ENTRIES: Final = 512
-"""Both dictionaries are cleared when they reach this size (shadows hold tensors)."""
+"""``id(w13_qdata)`` -> the live layer last found holding it (a hint: always checked;
+cleared when it reaches ``_MAX_OWNERS`` entries)."""
+_MAX_OWNERS: Final = 4096
+
+
+@attrs.frozen(eq=False)
+class _Shadow:
+    """A layer built around tensors no live layer holds, and weak references to them.
+
+    The layer holds aliases of the tensors (same memory, other tensor objects), so
+    the entry keeps no tensor given to the op alive: when any of them is freed, a
+    weak reference's callback drops the entry, and with it the memory.
+    """
+
+    state: tuple["weakref.ReferenceType[torch.Tensor] | None", ...]
+    spec: str
+    layer: "Int4MoE"
+    token: object
+
+    def serves(self, state: list[torch.Tensor | None], spec: str) -> bool:
+        """Whether it was built from exactly ``state`` under ``spec``."""
+        return self.spec == spec and all(
+            (r is None and t is None) or (r is not None and r() is t)
+            for r, t in zip(self.state, state, strict=True)
+        )
+
+
+_SHADOWS: Final[dict[int, _Shadow]] = {}
+"""``id(w13_qdata)`` of tensors no live layer holds -> their shadow layer."""
 
 
 def register_layer(layer: "Int4MoE") -> None:
@@ -91,21 +113,36 @@ def _layer_for(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
     known = None if ref is None else ref()
     if known is not None and _holds(known, state, spec):
         return known
+    shadow = _SHADOWS.get(key)
+    if shadow is not None and shadow.serves(state, spec):
+        return shadow.layer
     for layer in list(_LAYERS):
         if _holds(layer, state, spec):
-            _remember(_OWNERS, key, weakref.ref(layer))
+            if len(_OWNERS) >= _MAX_OWNERS:
+                _OWNERS.clear()
+            _OWNERS[key] = weakref.ref(layer)
             return layer
-    shadow = _SHADOWS.get(key)
-    if shadow is None or not _holds(shadow, state, spec):
-        shadow = _build(state, spec)
-        _remember(_SHADOWS, key, shadow)
-    return shadow
+    return _shadow(key, state, spec).layer
 
 
-def _remember(table: "dict[int, _T]", key: int, value: "_T") -> None:
-    if len(table) >= _MAX_ENTRIES:
-        table.clear()
-    table[key] = value
+def _shadow(key: int, state: list[torch.Tensor | None], spec: str) -> _Shadow:
+    """A new shadow for ``state``, dropped when any of its tensors is freed."""
+    layer = _build([None if t is None else t.detach() for t in state], spec)
+    token = object()  # names this entry without referring to it: no reference cycle
+
+    def drop(_: object) -> None:
+        found = _SHADOWS.get(key)
+        if found is not None and found.token is token:
+            del _SHADOWS[key]  # the last reference: the layer and its aliases go now
+
+    entry = _Shadow(
+        state=tuple(None if t is None else weakref.ref(t, drop) for t in state),
+        spec=spec,
+        layer=layer,
+        token=token,
+    )
+    _SHADOWS[key] = entry
+    return entry
 
 
 def _build(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":

@@ -331,9 +331,11 @@ def _verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> 
     weight = next(iter(router.parameters()), None)
     if weight is None or weight.is_meta or not weight.is_floating_point():
         return
+    # The hidden states' dtype is the float experts' (a router may be kept in fp32).
+    dtype = _param(original.get_submodule("experts"), "gate_up_proj").dtype
     gen = torch.Generator().manual_seed(0)
     d = new.experts.config.hidden_size
-    x = torch.randn(1, _PROBE_TOKENS, d, generator=gen).to(weight.device, weight.dtype)
+    x = torch.randn(1, _PROBE_TOKENS, d, generator=gen).to(weight.device, dtype)
     floats = original.get_submodule("experts")
     modes = {m: m.training for m in (*original.modules(), *new.modules())}
     try:
@@ -348,7 +350,7 @@ def _verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> 
         for module, mode in modes.items():
             module.training = mode
     children = sorted(n for n, _ in original.named_children())
-    _compare(name, want, got, _PROBE_TOLERANCE.get(weight.dtype, 2e-2), children)
+    _compare(name, want, got, _PROBE_TOLERANCE.get(dtype, 2e-2), children)
 
 
 def _run(name: str, what: str, block: nn.Module, x: torch.Tensor) -> object:
@@ -529,8 +531,11 @@ def replace_moe_blocks(
     The routed experts are quantized (round to nearest, ``scheme``) from the model's
     float weights or, with ``checkpoint``, read from an int4 checkpoint (GPTQ, AWQ or
     compressed-tensors, per :func:`~modules.checkpoint.load_experts`, with the block's
-    name as prefix, or Mixtral's ``block_sparse_moe`` for ``mlp``). Router and
-    shared experts stay in float.
+    name as prefix, or Mixtral's ``block_sparse_moe`` for ``mlp``, or int4-moe's own
+    saved state). Router and shared experts stay in float. Each replacement is
+    checked against its original block (``_verify_block``), and every block is built
+    and checked before any is swapped in, so an error leaves the model as it was
+    (peak memory: the float model and all its int4 experts at once).
 
     Args:
         model: a loaded model, e.g. ``MixtralForCausalLM``; its ``config`` describes
@@ -546,8 +551,10 @@ def replace_moe_blocks(
 
     Raises:
         ConfigError: for a model type without support (Llama-4), ``routing="config"``
-            outside ``ROUTED_FAMILIES``, a config without MoE layers, or a checkpoint
-            without the block's experts (naming each prefix tried and why it failed).
+            outside ``ROUTED_FAMILIES``, a config without MoE layers or a model
+            without blocks of the layout, a checkpoint without the block's experts
+            (naming each prefix tried and why it failed), or a block whose forward
+            does more than ``Int4SparseMoeBlock`` reproduces.
     """
     hf_config = getattr(model, "config", None)
     if hf_config is None:
@@ -565,8 +572,8 @@ def replace_moe_blocks(
             f"`experts` with a 3-D `gate_up_proj`), got none in {type(model).__name__} "
             f"although its config declares {config.num_experts} experts"
         )
-    # Checked before any block is replaced: each block's structure, the checkpoint's
-    # names, and one replacement of each kind of block against the original.
+    # Checked before any block is built: each block's structure and the checkpoint's
+    # names; then every replacement is built and checked before any is swapped in.
     for name, block in blocks.items():
         _check_block(name, block)
     if checkpoint is not None:
@@ -587,15 +594,8 @@ def replace_moe_blocks(
         _verify_block(name, block, new)
         return new
 
-    first_of_kind: dict[str, Int4SparseMoeBlock] = {}
-    kinds: set[tuple[type, tuple[str, ...]]] = set()
-    for name, block in blocks.items():
-        kind = (type(block), tuple(n for n, _ in block.named_children()))
-        if kind not in kinds:
-            kinds.add(kind)
-            first_of_kind[name] = build(name, block)
-    for name, block in blocks.items():
-        new = first_of_kind.pop(name, None) or build(name, block)
+    built = {name: build(name, block) for name, block in blocks.items()}
+    for name, new in built.items():
         model.set_submodule(name, new)
     return list(blocks)
 

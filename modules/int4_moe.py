@@ -118,6 +118,7 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
+        self._checked_map: torch.Tensor | None = None  # the expert_map last checked
         register_layer(self)  # findable by the compiled graphs' op
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
@@ -408,11 +409,14 @@ class Int4MoE(nn.Module):
         # Machine-specific and derived: pickles and copies prepare again.
         state = dict(self.__dict__)
         state["_prepared"] = None
+        state["_checked_map"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickled and deep-copied layers are findable too (``custom_op.py``)."""
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        if "op_spec" not in state:  # pickled before the op took a spec
+            self.op_spec = describe_layer(self.config, self.scheme, self._backend)
         register_layer(self)
 
     def op_state(self) -> list[torch.Tensor | None]:
@@ -526,6 +530,7 @@ class Int4MoE(nn.Module):
         qdata = self._buffer("w13_qdata")
         key = (qdata.device, dtype)
         cache = self._prepared
+        self._check_map_if_new()
         if cache is not None and cache.is_current(key, self._buffers):
             return cache.backend, cache.prepared
         backend = select_backend(
@@ -553,6 +558,22 @@ class Int4MoE(nn.Module):
             )
         return backend, prepared
 
+    def _check_map_if_new(self) -> None:
+        """Check ``expert_map`` when it is another tensor than the one last checked.
+
+        The prepared form does not depend on the map, so replacing it (expert-parallel
+        rebalancing) costs this check, not a prepare. In-place edits are not seen.
+        """
+        emap = self._optional_buffer("expert_map")
+        if emap is None or emap is self._checked_map:
+            return
+        check_expert_map(
+            emap,
+            num_experts=self.config.num_experts,
+            num_local_experts=self._buffer("w13_qdata").shape[0],
+        )
+        self._checked_map = emap
+
     def _checked_weights(self) -> QuantizedExpertWeights:
         """The buffers as weights, checked before a backend reads them.
 
@@ -573,11 +594,8 @@ class Int4MoE(nn.Module):
         ):
             if router is not None:
                 check_finite(name, router.detach(), allow_meta=True)
-        emap = self._optional_buffer("expert_map")
-        if emap is not None:
-            check_expert_map(
-                emap, num_experts=self.config.num_experts, num_local_experts=local
-            )
+        self._checked_map = None  # checked again, against these weights' expert count
+        self._check_map_if_new()
         return weights
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> "Self":  # noqa: FBT001, FBT002  # nn.Module's signature
@@ -600,13 +618,14 @@ class Int4MoE(nn.Module):
             if not _is_scale_dtype(probe.dtype):
                 raise DTypeError(
                     f"Int4MoE cannot be cast to {probe.dtype}: its scales (w13_scale, "
-                    "w2_scale) must stay float32, float16 or bfloat16; nothing was cast"
+                    "w2_scale) must stay float32, float16 or bfloat16; this layer was "
+                    "not cast (modules cast before it in the same call were)"
                 )
             for name in _FLOAT_BUFFERS:  # before anything moves
                 tensor = self._optional_buffer(name)
                 if tensor is not None:
                     check_cast_fits(
-                        f"{name} (cast to {probe.dtype}; nothing was cast)",
+                        f"{name} (cast to {probe.dtype}; this layer was not cast)",
                         tensor,
                         probe.dtype,
                     )

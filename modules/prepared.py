@@ -23,9 +23,6 @@ WEIGHT_BUFFERS: Final = (
 )
 """The Int4MoE buffers a backend's prepared form is built from."""
 
-WATCHED_BUFFERS: Final = (*WEIGHT_BUFFERS, "expert_map")
-"""The buffers whose change drops the prepared form: the weights, and the
-``expert_map`` that is checked against them before a prepare."""
 
 PreparedKey = tuple[torch.device, torch.dtype]
 """The input's device and dtype."""
@@ -34,7 +31,7 @@ Buffers = Mapping[str, torch.Tensor | None]
 
 
 def _sources(buffers: Buffers) -> tuple[torch.Tensor | None, ...]:
-    return tuple(buffers.get(name) for name in WATCHED_BUFFERS)
+    return tuple(buffers.get(name) for name in WEIGHT_BUFFERS)
 
 
 def _data_ptrs(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
@@ -43,13 +40,13 @@ def _data_ptrs(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
 
 @attrs.frozen(kw_only=True, eq=False)
 class PreparedCache:
-    """A backend's prepared experts, valid while the watched buffers stay the same.
+    """A backend's prepared experts, valid while the weight buffers stay the same.
 
     Attributes:
         device: the device it was prepared on.
         dtypes: the input dtypes it serves: the one it was prepared for, and those
             the same backend was selected for since and its prepared form serves.
-        sources: each of ``WATCHED_BUFFERS`` (``None`` where absent) at prepare time;
+        sources: each of ``WEIGHT_BUFFERS`` (``None`` where absent) at prepare time;
             held, so no other tensor can take their identity.
         data_ptrs: their data pointers then (catches ``buffer.data = ...``).
         backend: the backend chosen.

@@ -491,6 +491,13 @@ def test_int4_moe_own_state_is_read_as_it_is(generator: torch.Generator) -> None
         assert loaded.format == "int4-moe"
         _same(w, loaded.weights)
     state = saved(_weights(generator, INT4_SYM_G32))
+    gate = torch.randn(3, 64, generator=generator)
+    routed = Int4MoE.from_quantized(_weights(generator, INT4_SYM_G32), config=CFG)
+    with_gate = {f"{PREFIX}.experts.{k}": v for k, v in routed.state_dict().items()}
+    with_gate[f"{PREFIX}.experts.gate_weight"] = gate  # a standalone layer's router
+    got = load_experts(with_gate, prefix=PREFIX, config=CFG).gate_weight
+    assert got is not None
+    torch.testing.assert_close(got, gate, **EXACT)
     with pytest.raises(ConfigError, match="format 'gptq' contradicts the checkpoint"):
         load_experts(state, prefix=PREFIX, config=CFG, format="gptq")
     shard = state | {f"{PREFIX}.experts.expert_map": torch.zeros(3, dtype=torch.int32)}

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from core.config import MoEConfig
-from modules import Int4MoE
+from modules import Int4MoE, custom_op
 from modules.custom_op import STATE, forward_op
 from tests.tolerances import EXACT
 
@@ -104,21 +104,38 @@ def test_op_passes_torch_opcheck(generator: torch.Generator) -> None:
     )
 
 
-def test_the_op_runs_the_tensors_it_is_given(generator: torch.Generator) -> None:
+def test_the_op_runs_the_tensors_it_is_given(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A live layer holding the tensors runs them with its prepared form; tensors no
-    live layer holds (its layer gone, or swapped in) get a layer built around them."""
+    live layer holds (its layer gone, or swapped in) get a layer built around them
+    once, dropped with them."""
+    builds: list[int] = []
+    build = custom_op._build
+
+    def counted(state: list[torch.Tensor | None], spec: str) -> Int4MoE:
+        builds.append(1)
+        return build(state, spec)
+
+    monkeypatch.setattr(custom_op, "_build", counted)
     moe = _layer(generator)
     x = torch.randn(2, 64, generator=generator)
     expected = moe(x)
     state, spec, weights = moe.op_state(), moe.op_spec, moe.weights
     prepared = moe._prepared
-    torch.testing.assert_close(forward_op(x, None, None, None, state, spec), expected)
+    for _ in range(3):
+        torch.testing.assert_close(
+            forward_op(x, None, None, None, state, spec), expected
+        )
     assert moe._prepared is prepared  # the layer's own cache, not a second prepare
+    assert builds == []
     del moe
     gc.collect()
-    torch.testing.assert_close(
-        forward_op(x, None, None, None, state, spec), expected, **EXACT
-    )
+    for _ in range(3):  # the gate is wrapped anew inside: still built once
+        torch.testing.assert_close(
+            forward_op(x, None, None, None, state, spec), expected, **EXACT
+        )
+    assert builds == [1]
     other = _layer(generator)  # another layer's gate: its routing, these experts
     gate = STATE.index("gate_weight")
     mixed = [*state[:gate], other.gate_weight, *state[gate + 1 :]]
@@ -126,6 +143,10 @@ def test_the_op_runs_the_tensors_it_is_given(generator: torch.Generator) -> None
     torch.testing.assert_close(
         forward_op(x, None, None, None, mixed, spec), routed(x), **EXACT
     )
+    assert len(builds) == 2
+    del state, mixed, other
+    gc.collect()
+    assert custom_op._SHADOWS == {}  # dropped with the tensors they were built on
 
 
 def test_functional_call_under_compile_runs_the_weights_passed(
@@ -261,3 +282,18 @@ def test_a_trainable_router_keeps_the_graph_break(generator: torch.Generator) ->
     compiled = torch.compile(moe, backend="aot_eager")(x)
     (got,) = torch.autograd.grad(compiled.sum(), gate)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_layer_pickled_before_the_op_took_a_spec_still_compiles(
+    generator: torch.Generator,
+) -> None:
+    moe = _layer(generator)
+    state = moe.__getstate__()
+    del state["op_spec"]  # as pickled by an earlier version
+    old = Int4MoE.__new__(Int4MoE)
+    old.__setstate__(state)
+    x = torch.randn(3, 64, generator=generator)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        got = torch.compile(old, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(got, moe(x), **EXACT)

@@ -589,19 +589,34 @@ def test_a_shared_expert_under_another_name_is_refused() -> None:
 
 
 def test_a_block_scaling_its_output_is_refused(generator: torch.Generator) -> None:
-    """A factor applied in the block's own forward (not by its router) would be lost."""
+    """A factor applied in the block's own forward (not by its router) would be lost.
+    Only the last block does it here: the first is not replaced either."""
     model = _build("qwen3_moe")
-    for name in find_moe_blocks(model):
-        block = model.get_submodule(name)
-        plain = type(block).forward
+    last = model.get_submodule(list(find_moe_blocks(model))[-1])
+    plain = type(last).forward
 
-        def scaled(self: nn.Module, h: torch.Tensor, plain: Any = plain) -> Any:
-            return 2.5 * plain(self, h)
+    def scaled(self: nn.Module, h: torch.Tensor) -> Any:
+        return 2.5 * plain(self, h)
 
-        block.forward = scaled.__get__(block)  # this block only
-    with pytest.raises(ConfigError, match=r"differing by 0\.6"):
+    last.forward = scaled.__get__(last)  # this block only
+    with pytest.raises(
+        ConfigError, match=r"block 'model\.layers\.1\.mlp' .* differing by 0\.6"
+    ):
         replace_moe_blocks(model, backend="reference")
     _assert_left_alone(model)
+
+
+def test_a_router_kept_in_float32_is_checked_on_the_experts_dtype() -> None:
+    """DeepSeek-V3 in bf16 with its router kept in float32 (as several families keep
+    theirs): the check feeds the block bf16 hidden states, as the model does."""
+    model = _build("deepseek_v3")
+    nn.Module.to(model, torch.bfloat16)  # transformers types its own .to oddly
+    for name in find_moe_blocks(model):
+        model.get_submodule(name).get_submodule("gate").float()
+    names = replace_moe_blocks(model, backend="reference")
+    assert len(names) == 1
+    ids = torch.randint(0, 64, (1, 5))
+    assert torch.isfinite(_logits(model, ids)).all()
 
 
 def test_a_router_needing_block_state_is_refused_at_replacement() -> None:

@@ -707,6 +707,10 @@ def test_reassigned_expert_map_is_checked_again(generator: torch.Generator) -> N
         ShapeError, match=r"expert_map must have shape \(8,\), got \(2,\)"
     ):
         moe(x, router_logits=logits)
+    prepared = moe._prepared
+    moe.expert_map = torch.tensor([-1, -1, 1, 0, -1, -1, -1, -1], dtype=torch.int32)
+    moe(x, router_logits=logits)  # a valid new map: checked, no second prepare
+    assert moe._prepared is prepared
 
 
 def test_load_refuses_what_the_copy_into_the_buffers_would_garble(
@@ -750,7 +754,7 @@ def test_a_cast_to_an_unsupported_dtype_is_refused_before_anything_moves(
         moe.get_buffer("w2_scale")[0, 0, 0] = 1e-9
     with pytest.raises(
         ShapeError,
-        match=r"w2_scale \(cast to torch.float16; nothing was cast\) must fit "
+        match=r"w2_scale \(cast to torch.float16; this layer was not cast\) must fit "
         r"torch.float16, got 1 nonzero values rounding to 0",
     ):
         moe.half()
