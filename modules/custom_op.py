@@ -9,8 +9,8 @@ backends make no host synchronization).
 
 The op is self-contained: its inputs are the layer's state tensors (``STATE``, in that
 order, ``None`` where absent) and a JSON spec of its config, scheme and backend
-(``describe_layer``), not a reference to the module. So what the graph passes is what runs:
-``torch.func.functional_call`` with other weights runs those weights, an in-graph edit
+(``describe_layer``), not a reference to the module. So what the graph passes is what
+runs: ``torch.func.functional_call`` with other weights runs those weights, an in-graph edit
 of a buffer is ordered before the op that reads it, ``torch.export`` keeps the weights
 with the program, and identical layers share one compiled graph (equal specs, no guard
 on which layer it is). At run time the op finds the live layer holding exactly those
@@ -99,10 +99,13 @@ def describe_layer(config: MoEConfig, scheme: Int4Scheme, backend: str) -> str:
 
 
 def _holds(layer: "Int4MoE", state: list[torch.Tensor | None], spec: str) -> bool:
-    """Whether ``layer`` is described by ``spec`` and holds exactly ``state``."""
+    """Whether ``layer`` is described by ``spec`` and holds exactly ``state``.
+
+    Identities first: cheap, and the first one fails for any other layer.
+    """
     mine = layer.op_state()
-    return layer.op_spec == spec and all(
-        a is b for a, b in zip(mine, state, strict=True)
+    return (
+        all(a is b for a, b in zip(mine, state, strict=True)) and layer.op_spec == spec
     )
 
 
