@@ -399,6 +399,11 @@ def _canonical(
         w2_bias=t.get("w2_bias"),
     )
     _check_sizes(weights, config)
+    if gate_name in tensors and "gate_weight" in t:
+        raise ConfigError(
+            f"checkpoint must hold one router for {prefix!r}, got {gate_name!r} and "
+            f"{base + 'gate_weight'!r}"
+        )
     bias = (
         tensors[bias_name]
         if bias_name is not None

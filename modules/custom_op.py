@@ -62,20 +62,32 @@ class _Shadow:
     """
 
     state: tuple["weakref.ReferenceType[torch.Tensor] | None", ...]
+    data_ptrs: tuple[int, ...]
     spec: str
     layer: "Int4MoE"
     token: object
 
     def serves(self, state: list[torch.Tensor | None], spec: str) -> bool:
-        """Whether it was built from exactly ``state`` under ``spec``."""
-        return self.spec == spec and all(
-            (r is None and t is None) or (r is not None and r() is t)
-            for r, t in zip(self.state, state, strict=True)
+        """Whether it was built from exactly ``state`` under ``spec``.
+
+        The same tensors on the same memory: ``t.data = ...`` is seen.
+        """
+        return (
+            all(
+                (r is None and t is None) or (r is not None and r() is t)
+                for r, t in zip(self.state, state, strict=True)
+            )
+            and _data_ptrs(state) == self.data_ptrs
+            and self.spec == spec
         )
 
 
-_SHADOWS: Final[dict[int, _Shadow]] = {}
-"""``id(w13_qdata)`` of tensors no live layer holds -> their shadow layer."""
+def _data_ptrs(state: list[torch.Tensor | None]) -> tuple[int, ...]:
+    return tuple(0 if t is None else t.data_ptr() for t in state)
+
+
+_SHADOWS: Final[dict[tuple[int, ...], _Shadow]] = {}
+"""The ids of the state tensors no live layer holds -> their shadow layer."""
 
 
 def register_layer(layer: "Int4MoE") -> None:
@@ -110,25 +122,34 @@ def _holds(layer: "Int4MoE", state: list[torch.Tensor | None], spec: str) -> boo
 
 
 def _layer_for(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
-    """The live layer holding ``state`` under ``spec``, else one built around it."""
-    key = id(state[0])
-    ref = _OWNERS.get(key)
+    """The live layer holding ``state`` under ``spec``, else one built around it.
+
+    Live layers come first, so a layer that takes over tensors a shadow was built for
+    (``load_state_dict(assign=True)``) serves them with its own prepared form, and
+    ``invalidate_prepared`` reaches it; the shadow is dropped then.
+    """
+    hint = id(state[0])
+    ref = _OWNERS.get(hint)
     known = None if ref is None else ref()
     if known is not None and _holds(known, state, spec):
         return known
-    shadow = _SHADOWS.get(key)
-    if shadow is not None and shadow.serves(state, spec):
-        return shadow.layer
+    key = tuple(id(t) for t in state)
     for layer in list(_LAYERS):
         if _holds(layer, state, spec):
             if len(_OWNERS) >= _MAX_OWNERS:
                 _OWNERS.clear()
-            _OWNERS[key] = weakref.ref(layer)
+            _OWNERS[hint] = weakref.ref(layer)
+            _SHADOWS.pop(key, None)
             return layer
+    shadow = _SHADOWS.get(key)
+    if shadow is not None and shadow.serves(state, spec):
+        return shadow.layer
     return _shadow(key, state, spec).layer
 
 
-def _shadow(key: int, state: list[torch.Tensor | None], spec: str) -> _Shadow:
+def _shadow(
+    key: tuple[int, ...], state: list[torch.Tensor | None], spec: str
+) -> _Shadow:
     """A new shadow for ``state``, dropped when any of its tensors is freed."""
     layer = _build([None if t is None else t.detach() for t in state], spec)
     token = object()  # names this entry without referring to it: no reference cycle
@@ -140,6 +161,7 @@ def _shadow(key: int, state: list[torch.Tensor | None], spec: str) -> _Shadow:
 
     entry = _Shadow(
         state=tuple(None if t is None else weakref.ref(t, drop) for t in state),
+        data_ptrs=_data_ptrs(state),
         spec=spec,
         layer=layer,
         token=token,

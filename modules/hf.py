@@ -592,6 +592,7 @@ def replace_moe_blocks(
         )
         new = _replacement(block, experts, routing=routing, model_type=model_type)
         _verify_block(name, block, new)
+        experts.invalidate_prepared()  # the check's: not held beside the others
         return new
 
     built = {name: build(name, block) for name, block in blocks.items()}

@@ -118,7 +118,8 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
-        self._checked_map: torch.Tensor | None = None  # the expert_map last checked
+        # The expert_map last checked, and its memory.
+        self._checked_map: tuple[torch.Tensor, int] | None = None
         register_layer(self)  # findable by the compiled graphs' op
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
@@ -417,6 +418,7 @@ class Int4MoE(nn.Module):
         super().__setstate__(state)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         if "op_spec" not in state:  # pickled before the op took a spec
             self.op_spec = describe_layer(self.config, self.scheme, self._backend)
+        self._checked_map = None  # pickled before it existed, or dropped on pickling
         register_layer(self)
 
     def op_state(self) -> list[torch.Tensor | None]:
@@ -562,17 +564,21 @@ class Int4MoE(nn.Module):
         """Check ``expert_map`` when it is another tensor than the one last checked.
 
         The prepared form does not depend on the map, so replacing it (expert-parallel
-        rebalancing) costs this check, not a prepare. In-place edits are not seen.
+        rebalancing) costs this check, not a prepare. A new tensor or new memory
+        (``expert_map.data = ...``) is seen; in-place edits are not.
         """
         emap = self._optional_buffer("expert_map")
-        if emap is None or emap is self._checked_map:
+        seen = self._checked_map
+        if emap is None or (
+            seen is not None and seen[0] is emap and seen[1] == emap.data_ptr()
+        ):
             return
         check_expert_map(
             emap,
             num_experts=self.config.num_experts,
             num_local_experts=self._buffer("w13_qdata").shape[0],
         )
-        self._checked_map = emap
+        self._checked_map = (emap, emap.data_ptr())
 
     def _checked_weights(self) -> QuantizedExpertWeights:
         """The buffers as weights, checked before a backend reads them.

@@ -498,6 +498,9 @@ def test_int4_moe_own_state_is_read_as_it_is(generator: torch.Generator) -> None
     got = load_experts(with_gate, prefix=PREFIX, config=CFG).gate_weight
     assert got is not None
     torch.testing.assert_close(got, gate, **EXACT)
+    two = with_gate | {f"{PREFIX}.gate.weight": gate}
+    with pytest.raises(ConfigError, match=r"checkpoint must hold one router for"):
+        load_experts(two, prefix=PREFIX, config=CFG)
     with pytest.raises(ConfigError, match="format 'gptq' contradicts the checkpoint"):
         load_experts(state, prefix=PREFIX, config=CFG, format="gptq")
     shard = state | {f"{PREFIX}.experts.expert_map": torch.zeros(3, dtype=torch.int32)}

@@ -144,9 +144,53 @@ def test_the_op_runs_the_tensors_it_is_given(
         forward_op(x, None, None, None, mixed, spec), routed(x), **EXACT
     )
     assert len(builds) == 2
+    for _ in range(2):  # two states sharing w13_qdata, alternately: built once each
+        forward_op(x, None, None, None, state, spec)
+        forward_op(x, None, None, None, mixed, spec)
+    assert len(builds) == 2
     del state, mixed, other
     gc.collect()
     assert custom_op._SHADOWS == {}  # dropped with the tensors they were built on
+
+
+def test_a_shadow_sees_new_memory_and_yields_to_a_live_layer(
+    generator: torch.Generator,
+) -> None:
+    """``t.data = ...`` on a tensor a shadow was built on builds it again; a live
+    layer that takes the tensors over (``assign=True``) serves them from then on, so
+    its ``invalidate_prepared`` reaches the compiled op."""
+    moe = _layer(generator)
+    x = torch.randn(2, 64, generator=generator)
+    state = {k: v.clone() for k, v in moe.state_dict().items()}
+    holder = _layer(generator)  # another layer's tensors, swapped for these
+    holder.load_state_dict(state, assign=True)
+    tensors, spec = holder.op_state(), holder.op_spec
+    del holder
+    gc.collect()
+    expected = moe(x)
+    torch.testing.assert_close(forward_op(x, None, None, None, tensors, spec), expected)
+    w2_scale = tensors[STATE.index("w2_scale")]
+    assert w2_scale is not None
+    w2_scale.data = w2_scale * 2  # new memory, same tensor object
+    with torch.no_grad():
+        moe.get_buffer("w2_scale").mul_(2)
+    moe.invalidate_prepared()
+    doubled = moe(x)
+    torch.testing.assert_close(forward_op(x, None, None, None, tensors, spec), doubled)
+    taker = _layer(generator)
+    given = {k: v for k, v in zip(STATE, tensors, strict=True) if v is not None}
+    taker.load_state_dict(given, assign=True)
+    assert taker.op_state()[0] is tensors[0]
+    torch.testing.assert_close(
+        forward_op(x, None, None, None, taker.op_state(), taker.op_spec), doubled
+    )
+    assert custom_op._SHADOWS == {}  # the live layer took over: the shadow is gone
+    with torch.no_grad():
+        taker.get_buffer("w2_scale").mul_(0.5)
+    taker.invalidate_prepared()
+    torch.testing.assert_close(
+        forward_op(x, None, None, None, taker.op_state(), taker.op_spec), expected
+    )
 
 
 def test_functional_call_under_compile_runs_the_weights_passed(
@@ -289,7 +333,7 @@ def test_a_layer_pickled_before_the_op_took_a_spec_still_compiles(
 ) -> None:
     moe = _layer(generator)
     state = moe.__getstate__()
-    del state["op_spec"]  # as pickled by an earlier version
+    del state["op_spec"], state["_checked_map"]  # as pickled by an earlier version
     old = Int4MoE.__new__(Int4MoE)
     old.__setstate__(state)
     x = torch.randn(3, 64, generator=generator)

@@ -228,6 +228,10 @@ def test_replaced_model_matches_original(
         else ["model.layers.0.mlp", "model.layers.1.mlp"]
     )
     assert all(isinstance(replaced.get_submodule(n), Int4SparseMoeBlock) for n in names)
+    for n in names:  # the replacement check's prepared forms are not kept
+        experts = replaced.get_submodule(f"{n}.experts")
+        assert isinstance(experts, Int4MoE)
+        assert experts.backend_name is None
     out = _logits(replaced, ids)
     assert sqnr_db(_logits(original, ids), out) >= HF_LOGITS_SQNR_FLOOR_DB[name]
     dequantized = copy.deepcopy(original)

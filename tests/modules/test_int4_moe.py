@@ -711,6 +711,10 @@ def test_reassigned_expert_map_is_checked_again(generator: torch.Generator) -> N
     moe.expert_map = torch.tensor([-1, -1, 1, 0, -1, -1, -1, -1], dtype=torch.int32)
     moe(x, router_logits=logits)  # a valid new map: checked, no second prepare
     assert moe._prepared is prepared
+    emap = moe.get_buffer("expert_map")
+    emap.data = torch.zeros(8, dtype=torch.int32)  # new memory, same tensor: seen
+    with pytest.raises(ShapeError, match=r"each local id to at most one global expert"):
+        moe(x, router_logits=logits)
 
 
 def test_load_refuses_what_the_copy_into_the_buffers_would_garble(
