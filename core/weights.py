@@ -5,6 +5,8 @@ Shape legend: ``E`` experts, ``D`` hidden size, ``F`` intermediate size, ``H`` =
 Imports only torch, attrs and core.
 """
 
+from collections.abc import Mapping
+
 import attrs
 import torch
 
@@ -87,6 +89,34 @@ class QuantizedExpertWeights:
     def w2(self) -> QParams:
         """Scale and zero point of w2."""
         return QParams(scale=self.w2_scale, zero_point=self.w2_zero_point)
+
+    @classmethod
+    def from_tensors(
+        cls, tensors: Mapping[str, torch.Tensor | None], scheme: Int4Scheme
+    ) -> "QuantizedExpertWeights":
+        """The inverse of :meth:`tensors`: canonical names to weights (others ignored).
+
+        Raises:
+            KeyError: naming the first of the four int4 tensors that is absent.
+        """
+
+        def required(name: str) -> torch.Tensor:
+            tensor = tensors.get(name)
+            if tensor is None:
+                raise KeyError(f"{name} must be given to build the experts, got none")
+            return tensor
+
+        return cls(
+            w13_qdata=required("w13_qdata"),
+            w13_scale=required("w13_scale"),
+            w13_zero_point=tensors.get("w13_zero_point"),
+            w2_qdata=required("w2_qdata"),
+            w2_scale=required("w2_scale"),
+            w2_zero_point=tensors.get("w2_zero_point"),
+            scheme=scheme,
+            w13_bias=tensors.get("w13_bias"),
+            w2_bias=tensors.get("w2_bias"),
+        )
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The stored tensors by canonical name (zero points only when present)."""

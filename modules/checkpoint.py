@@ -387,17 +387,7 @@ def _canonical(
         mapping=Int4Mapping.SYMMETRIC if zero is None else Int4Mapping.ASYMMETRIC,
         group_size=-1 if groups == 1 else d // groups,
     )
-    weights = QuantizedExpertWeights(
-        w13_qdata=t["w13_qdata"],
-        w13_scale=t["w13_scale"],
-        w13_zero_point=zero,
-        w2_qdata=t["w2_qdata"],
-        w2_scale=t["w2_scale"],
-        w2_zero_point=t.get("w2_zero_point"),
-        scheme=scheme,
-        w13_bias=t.get("w13_bias"),
-        w2_bias=t.get("w2_bias"),
-    )
+    weights = QuantizedExpertWeights.from_tensors(t, scheme)
     _check_sizes(weights, config)
     if gate_name in tensors and "gate_weight" in t:
         raise ConfigError(

@@ -182,28 +182,8 @@ def _build(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
         group_size=described["scheme"]["group_size"],
     )
     t = dict(zip(STATE, state, strict=True))
-    w13_qdata, w13_scale, w2_qdata, w2_scale = (
-        t["w13_qdata"],
-        t["w13_scale"],
-        t["w2_qdata"],
-        t["w2_scale"],
-    )
-    if w13_qdata is None or w13_scale is None or w2_qdata is None or w2_scale is None:
-        msg = "int4_moe::forward: state must hold the four int4 tensors, got None"
-        raise RuntimeError(msg)
-    weights = QuantizedExpertWeights(
-        w13_qdata=w13_qdata,
-        w13_scale=w13_scale,
-        w13_zero_point=t["w13_zero_point"],
-        w2_qdata=w2_qdata,
-        w2_scale=w2_scale,
-        w2_zero_point=t["w2_zero_point"],
-        scheme=scheme,
-        w13_bias=t["w13_bias"],
-        w2_bias=t["w2_bias"],
-    )
     layer = Int4MoE.from_quantized(
-        weights,
+        QuantizedExpertWeights.from_tensors(t, scheme),
         config=config,
         backend=described["backend"],
         gate_weight=t["gate_weight"],

@@ -24,6 +24,7 @@ from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from core.validate import (
+    ACTIVATION_DTYPES,
     check_activation_dtype,
     check_cast_fits,
     check_expert_weights,
@@ -355,18 +356,8 @@ class Int4MoE(nn.Module):
     # ------------------------------------------------------------------ state
     @property
     def weights(self) -> QuantizedExpertWeights:
-        """The canonical int4 weights (views of the buffers, not copies)."""
-        return QuantizedExpertWeights(
-            w13_qdata=self._buffer("w13_qdata"),
-            w13_scale=self._buffer("w13_scale"),
-            w13_zero_point=self._optional_buffer("w13_zero_point"),
-            w2_qdata=self._buffer("w2_qdata"),
-            w2_scale=self._buffer("w2_scale"),
-            w2_zero_point=self._optional_buffer("w2_zero_point"),
-            scheme=self.scheme,
-            w13_bias=self._optional_buffer("w13_bias"),
-            w2_bias=self._optional_buffer("w2_bias"),
-        )
+        """The canonical int4 weights (the buffers themselves, not copies)."""
+        return QuantizedExpertWeights.from_tensors(self._buffers, self.scheme)
 
     def _buffer(self, name: str) -> torch.Tensor:
         tensor = self._optional_buffer(name)
@@ -621,7 +612,7 @@ class Int4MoE(nn.Module):
         scale = self._buffer("w13_scale")
         probe = fn(torch.empty(0, dtype=scale.dtype, device=scale.device))
         if isinstance(probe, torch.Tensor) and probe.dtype != scale.dtype:
-            if not _is_scale_dtype(probe.dtype):
+            if probe.dtype not in ACTIVATION_DTYPES:
                 raise DTypeError(
                     f"Int4MoE cannot be cast to {probe.dtype}: its scales (w13_scale, "
                     "w2_scale) must stay float32, float16 or bfloat16; this layer was "
@@ -667,10 +658,6 @@ class Int4MoE(nn.Module):
             f"group_size={self.scheme.group_size}, activation={c.activation}, "
             f"backend={backend}"
         )
-
-
-def _is_scale_dtype(dtype: torch.dtype) -> bool:
-    return dtype in (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _check_optional_tensors(**tensors: object) -> None:
