@@ -1,30 +1,42 @@
-"""Host-side cost of one ``fused_moe`` call with every kernel launch stubbed out.
+"""Host-side cost of one forward with every Triton kernel launch stubbed out.
 
-Runs on any CPU: ``python bench/probe_host.py``. The Triton kernels are replaced by
-no-ops, so what is timed is this library's Python between launches (tile choice,
-buffers, argument packing), not Triton's launcher or the GPU. Qwen3-30B-A3B's layer
-(the launch-bound one), bf16, M = 1 (the byte GEMV), 4 (the int32-word GEMV) and 16
-(the GEMM path).
+Runs on any CPU: ``python bench/probe_host.py``. Every ``@triton.jit`` (and Gluon)
+kernel of ``backends.triton`` is replaced by a no-op, so what is timed is this
+library's Python between launches (tile choice, buffers, argument packing) and, for
+the layer, its checks, the router and the CPU torch ops of routing; not Triton's
+launcher and not the GPU. On the GPU each torch op of routing is a launch as well.
+Qwen3-30B-A3B's layer (the launch-bound one), bf16, M = 1 (the byte GEMV), 4 (the
+int32-word GEMV) and 16 (the GEMM path): ``fused_moe`` alone (given routing), then
+the ``Int4MoE`` layer with ``backend="triton-w4a16"`` and its own router (the
+interpreter lets the backend take CPU tensors).
 """
 
 # ruff: noqa: D103, T201
 # A measuring script, not library code: print is its output.
 
+import importlib
+import os
+import pkgutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: CPU tensors run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import backends.triton._kernels as kernels
-import backends.triton._kernels_gemv as kernels_gemv
-import backends.triton._kernels_gemv_words as kernels_gemv_words
+import backends.triton
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
 from core.routing import Routing
+from core.scheme import Int4Scheme
+from core.weights import QuantizedExpertWeights
+from modules import Int4MoE
+
+E, K, D, F, GROUP = 128, 8, 2048, 768, 128
 
 
 class _NoLaunch:
@@ -34,33 +46,60 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+def _stub_kernels() -> None:
+    """Every ``@triton.jit`` kernel (and Gluon's) of ``backends.triton`` made a no-op.
+
+    Under the interpreter ``triton.jit`` gives ``InterpretedFunction``s; the modules
+    that import a kernel by name hold it too, so every module's names are replaced.
+    """
+    import triton
+
+    for info in pkgutil.iter_modules(backends.triton.__path__, "backends.triton."):
+        module = importlib.import_module(info.name)
+        for name, value in list(vars(module).items()):
+            kernel = type(value).__name__ == "InterpretedFunction"
+            if kernel or isinstance(value, triton.JITFunction):
+                setattr(module, name, _NoLaunch())
+
+
+def _time(fn: Callable[[], object], reps: int = 2000) -> float:
+    for _ in range(reps // 20):
+        fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps * 1e6
+
+
 def main() -> None:
-    for name in ("_moe_gemm_kernel", "_count_experts_kernel", "_align_blocks_kernel",
-                 "_reduce_topk_kernel"):  # fmt: skip
-        setattr(kernels, name, _NoLaunch())
-    kernels_gemv._moe_gemv_kernel = _NoLaunch()  # type: ignore[assignment]
-    kernels_gemv_words._moe_gemv_words_kernel = _NoLaunch()  # type: ignore[assignment]
-    e, k, d, f = 128, 8, 2048, 768
-    cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-
-    def matrix(rows: int, cols: int) -> ExpertMatrix:
-        data = torch.zeros(e, rows, cols // 2, dtype=torch.uint8)
-        scale = torch.ones(e, rows, cols // 128, dtype=torch.bfloat16)
-        return ExpertMatrix(data=data, scale=scale, group_size=128)
-
-    w13, w2 = matrix(2 * f, d), matrix(d, f)
+    _stub_kernels()
+    cfg = MoEConfig(num_experts=E, top_k=K, hidden_size=D, intermediate_size=F)
+    codes13 = torch.zeros(E, 2 * F, D // 2, dtype=torch.uint8)
+    codes2 = torch.zeros(E, D, F // 2, dtype=torch.uint8)
+    scale13 = torch.full((E, 2 * F, D // GROUP), 0.01, dtype=torch.bfloat16)
+    scale2 = torch.full((E, D, F // GROUP), 0.01, dtype=torch.bfloat16)
+    m13 = ExpertMatrix(data=codes13, scale=scale13, group_size=GROUP)
+    m2 = ExpertMatrix(data=codes2, scale=scale2, group_size=GROUP)
+    weights = QuantizedExpertWeights(
+        w13_qdata=codes13, w13_scale=scale13, w13_zero_point=None,
+        w2_qdata=codes2, w2_scale=scale2, w2_zero_point=None,
+        scheme=Int4Scheme(group_size=GROUP),
+    )  # fmt: skip
+    layer = Int4MoE.from_quantized(
+        weights, config=cfg, backend="triton-w4a16",
+        gate_weight=torch.randn(E, D) * 0.02,
+    )  # fmt: skip
     for m in (1, 4, 16):
-        x = torch.randn(m, d).to(torch.bfloat16)
-        weights, ids = torch.topk(torch.rand(m, e), k)
-        routing = Routing(topk_weights=weights, topk_ids=ids)
-        for _ in range(100):
-            fused_moe(x, w13, w2, routing, cfg)
-        reps = 2000
-        start = time.perf_counter()
-        for _ in range(reps):
-            fused_moe(x, w13, w2, routing, cfg)
-        us = (time.perf_counter() - start) / reps * 1e6
-        print(f"M={m}: {us:.1f} us per forward on the host, kernels stubbed")
+        x = torch.randn(m, D).to(torch.bfloat16)
+        topk_weights, ids = torch.topk(torch.rand(m, E), K)
+        routing = Routing(topk_weights=topk_weights, topk_ids=ids)
+        fused = _time(lambda: fused_moe(x, m13, m2, routing, cfg))  # noqa: B023
+        with torch.inference_mode():
+            whole = _time(lambda: layer(x))  # noqa: B023
+        print(
+            f"M={m}: fused_moe {fused:.1f} us, Int4MoE layer {whole:.1f} us "
+            "a forward on the host, kernels stubbed"
+        )
 
 
 if __name__ == "__main__":
