@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core.config import MoEConfig
-from core.errors import DTypeError, ShapeError
+from core.errors import ConfigError, DTypeError, ShapeError
 from core.quantize import quantize_expert_weights
 from core.scheme import INT4_SYM_G32
 from modules import Int4MoE
@@ -76,3 +76,25 @@ def test_check_expert_map_names_what_is_wrong() -> None:
         num_experts=8,
         num_local_experts=4,
     )
+
+
+def test_expert_map_naming_one_past_the_last_local_expert_is_refused() -> None:
+    """Local ids are ``[0, L)``: the id ``L`` itself would read past the weights."""
+    with pytest.raises(
+        ShapeError, match=r"local ids in \[0, 4\), got values in \[-1, 4\]"
+    ):
+        check_expert_map(
+            torch.tensor([0, 1, 2, 4, -1, -1, -1, -1]),
+            num_experts=8,
+            num_local_experts=4,
+        )
+    check_expert_map(  # 3 is the last one held
+        torch.tensor([0, 1, 2, 3, -1, -1, -1, -1]), num_experts=8, num_local_experts=4
+    )
+
+
+def test_zero_local_experts_are_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"num_local_experts must be in \[1, num_experts=8\], got 0"
+    ):
+        Int4MoE(CFG, num_local_experts=0, device="meta")

@@ -508,3 +508,46 @@ def test_int4_moe_own_state_is_read_as_it_is(generator: torch.Generator) -> None
         ConfigError, match=r"unexpected tensors beside int4-moe's own .*expert_map"
     ):
         load_experts(shard, prefix=PREFIX, config=CFG)
+
+
+def _asymmetric_export(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    w = quantize_expert_weights(
+        torch.randn(3, 64, 64, generator=gen),
+        torch.randn(3, 64, 32, generator=gen),
+        INT4_ASYM_G32,
+        scale_dtype=torch.float16,
+    )
+    return export_expert_weights(w, prefix=f"{PREFIX}.experts")
+
+
+def test_asymmetric_compressed_tensors_without_a_zero_point_are_refused(
+    generator: torch.Generator,
+) -> None:
+    """Declared asymmetric: a missing weight_zero_point is named, not read as 8."""
+    state = _asymmetric_export(generator)
+    dropped = f"{PREFIX}.experts.1.up_proj.weight_zero_point"
+    del state[dropped]
+    with pytest.raises(
+        ConfigError, match=rf"missing compressed-tensors tensors: {dropped}"
+    ):
+        load_experts(
+            state, prefix=PREFIX, config=CFG,
+            quantization_config=quantization_config(INT4_ASYM_G32),
+        )  # fmt: skip
+
+
+def test_load_experts_refuses_a_config_of_other_sizes(
+    generator: torch.Generator,
+) -> None:
+    """The checkpoint's sizes are checked against the config by load_experts itself."""
+    state = _asymmetric_export(generator)
+    wide = MoEConfig(num_experts=3, top_k=2, hidden_size=64, intermediate_size=64)
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoint experts have \(num_experts, hidden_size, intermediate_size\) "
+        r"= \(3, 64, 32\), but config says \(3, 64, 64\)",
+    ):
+        load_experts(
+            state, prefix=PREFIX, config=wide,
+            quantization_config=quantization_config(INT4_ASYM_G32),
+        )  # fmt: skip

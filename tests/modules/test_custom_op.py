@@ -5,6 +5,7 @@ import copy
 import gc
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from torch import nn
@@ -341,3 +342,26 @@ def test_a_layer_pickled_before_the_op_took_a_spec_still_compiles(
         torch._dynamo.reset()
         got = torch.compile(old, backend="aot_eager", fullgraph=True)(x)
     torch.testing.assert_close(got, moe(x), **EXACT)
+
+
+def test_among_layers_sharing_tensors_the_spec_picks_the_layer(
+    generator: torch.Generator,
+) -> None:
+    """Two layers on the very same int4 tensors, one renormalizing: each call runs
+    the layer its spec describes, whichever was found last."""
+    shared = _layer(generator)
+    norm = Int4MoE.from_quantized(shared.weights, config=CFG, backend="reference")
+    plain = Int4MoE.from_quantized(
+        shared.weights, config=attrs.evolve(CFG, renormalize=False),
+        backend="reference",
+    )  # fmt: skip
+    assert norm.w13_qdata is plain.w13_qdata
+    x = torch.randn(4, CFG.hidden_size, generator=generator)
+    logits = torch.randn(4, CFG.num_experts, generator=generator)
+    assert not torch.allclose(norm(x, logits), plain(x, logits))
+    for layer in (norm, plain, norm, plain):
+        torch.testing.assert_close(
+            forward_op(x, logits, None, None, layer.op_state(), layer.op_spec),
+            layer(x, logits),
+            **EXACT,
+        )

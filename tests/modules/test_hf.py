@@ -39,7 +39,9 @@ from transformers import (
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+from transformers.activations import ACT2FN
 
+from core.activation import apply_activation
 from core.config import MoEConfig
 from core.errors import ConfigError
 from core.formats import export_expert_weights
@@ -270,6 +272,22 @@ def test_router_logits_are_still_recorded(generator: torch.Generator) -> None:
         got = replaced(ids, output_router_logits=True).router_logits
     assert len(got) == len(ref) == 2
     torch.testing.assert_close(got[0], ref[0], **EXACT)
+
+
+@pytest.mark.parametrize(
+    "hidden_act", ["silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new"]
+)
+def test_hidden_act_names_compute_what_transformers_computes(hidden_act: str) -> None:
+    """Each accepted ``hidden_act`` maps to an activation equal to transformers' own
+    ``ACT2FN[hidden_act]`` (``gelu_new`` and ``gelu_pytorch_tanh`` are the tanh form)."""
+    cfg = MixtralConfig(
+        **COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        hidden_act=hidden_act,
+    )  # fmt: skip
+    config = moe_config_from_hf(cfg)
+    gate = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)[None]
+    ours = apply_activation(torch.cat([gate, torch.ones_like(gate)], dim=-1), config)
+    torch.testing.assert_close(ours, ACT2FN[hidden_act](gate), rtol=1e-12, atol=1e-12)
 
 
 def test_moe_config_carries_routing_semantics() -> None:

@@ -1,7 +1,9 @@
 """Int4MoE: construction, forward paths, state_dict, moves, backend choice, errors."""
 
 import contextlib
+import gc
 import io
+import weakref
 from typing import Any
 
 import attrs
@@ -814,3 +816,83 @@ def test_meta_tensors_are_refused_where_values_are_needed(
             torch.randn(2, 128, device="meta"),
             router_logits=torch.randn(2, 8, device="meta"),
         )
+
+
+def test_zero_point_16_is_refused_and_15_accepted(generator: torch.Generator) -> None:
+    """The range check's edge: 15 is the largest code, 16 one too many."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13, w2, INT4_ASYM_G32)
+    assert q.w2_zero_point is not None
+    ok = q.w2_zero_point.clone()
+    ok[0, 0, 0] = 15
+    Int4MoE.from_quantized(attrs.evolve(q, w2_zero_point=ok), config=CFG)
+    bad = q.w2_zero_point.clone()
+    bad[1, 2, 1] = 16
+    with pytest.raises(
+        ShapeError,
+        match=r"w2_zero_point must hold int4 codes 0..15 .*got values up to 16",
+    ):
+        Int4MoE.from_quantized(attrs.evolve(q, w2_zero_point=bad), config=CFG)
+
+
+def test_weights_on_two_devices_are_refused(generator: torch.Generator) -> None:
+    """One tensor left on another device (here meta) is named, not run."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13, w2, INT4_SYM_G32)
+    split = attrs.evolve(q, w2_scale=q.w2_scale.to("meta"))
+    with pytest.raises(
+        DeviceError, match=r"tensors must be on one device, got .*w2_scale on meta"
+    ):
+        Int4MoE.from_quantized(split, config=CFG)
+
+
+def test_routers_given_in_bf16_are_held_in_float32(generator: torch.Generator) -> None:
+    """The router and its correction bias become float32 buffers, whatever came in."""
+    w13, w2 = _float_weights(generator)
+    gate = torch.randn(8, 128, generator=generator).bfloat16()
+    bias = torch.rand(8, generator=generator).bfloat16()
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=CFG, gate_weight=gate,
+        e_score_correction_bias=bias,
+    )  # fmt: skip
+    assert moe.gate_weight is not None
+    assert moe.e_score_correction_bias is not None
+    assert moe.gate_weight.dtype == moe.e_score_correction_bias.dtype == torch.float32
+    assert torch.equal(moe.gate_weight, gate.float())
+    assert torch.equal(moe.e_score_correction_bias, bias.float())
+    assert moe.state_dict()["gate_weight"].dtype == torch.float32
+
+
+def test_expert_map_is_checked_again_when_the_weights_shrink(
+    generator: torch.Generator,
+) -> None:
+    """Weights swapped for a shard of fewer experts: the same map now names too many."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13[:4], w2[:4], INT4_SYM_G32)
+    emap = torch.tensor([0, 1, 2, 3, -1, -1, -1, -1], dtype=torch.int32)
+    moe = Int4MoE.from_quantized(q, config=CFG, expert_map=emap, backend="reference")
+    x = torch.randn(4, 128, generator=generator)
+    moe(x, router_logits=torch.randn(4, 8, generator=generator))
+    small = quantize_expert_weights(w13[:2], w2[:2], INT4_SYM_G32)
+    for name, tensor in small.tensors().items():
+        setattr(moe, name, tensor)
+    with pytest.raises(
+        ShapeError, match=r"expert_map values must be -1 or local ids in \[0, 2\)"
+    ):
+        moe(x, router_logits=torch.randn(4, 8, generator=generator))
+
+
+def test_a_cast_frees_the_old_tensors_at_once(generator: torch.Generator) -> None:
+    """``.half()`` drops the prepared form, so nothing keeps the bf16 scales alive."""
+    w13, w2 = _float_weights(generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=CFG, backend="reference"
+    )
+    moe(torch.randn(4, 128, generator=generator), router_logits=torch.randn(4, 8))
+    chosen = moe.backend_name
+    assert chosen == "reference"
+    old = weakref.ref(moe.w13_scale)
+    moe.half()
+    gc.collect()
+    assert moe.backend_name is None
+    assert old() is None

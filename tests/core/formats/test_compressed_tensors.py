@@ -295,3 +295,19 @@ def test_unpacked_int8_zero_points_are_refused_by_name(
     state["weight_zero_point"] = zp.to(torch.int8)
     with pytest.raises(DTypeError, match="got int8: zero points stored unpacked"):
         _import(state)
+
+
+def test_zero_points_with_a_whole_extra_word_are_refused(
+    generator: torch.Generator,
+) -> None:
+    """``ceil(N/8)`` words: a third word for 16 rows would be another N, not padding."""
+    state, _ = _their_compress(generator, 16, 64, symmetric=False, group_size=32)
+    zp = state["weight_zero_point"]
+    assert zp.shape == (2, 2)
+    from_compressed_tensors(state["weight_packed"], state["weight_scale"], zp)
+    padded = torch.cat([zp, torch.zeros_like(zp[:1])])
+    with pytest.raises(
+        ShapeError,
+        match=r"weight_zero_point must pack N=16 rows into ceil\(N/8\) words",
+    ):
+        from_compressed_tensors(state["weight_packed"], state["weight_scale"], padded)

@@ -16,7 +16,14 @@ from core.quantize import (
     quantize_expert_weights,
     quantize_tensor,
 )
-from core.scheme import INT4_ASYM_G32, INT4_SYM, INT4_SYM_G32, Int4Mapping
+from core.scheme import (
+    INT4_ASYM,
+    INT4_ASYM_G32,
+    INT4_SYM,
+    INT4_SYM_G32,
+    Int4Mapping,
+    Int4Scheme,
+)
 from tests.core.formats.packers import dequantize_projection
 from tests.tolerances import EXACT
 
@@ -127,3 +134,43 @@ def test_scale_dtype_mismatch_is_a_dtype_error(generator: torch.Generator) -> No
         concat_rows("w13", bf16, fp16)
     with pytest.raises(DTypeError, match=r"expert 1 has scale dtype torch\.float16"):
         stack_projections("gate", [bf16, fp16])
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM, INT4_ASYM], ids=lambda s: s.name)
+def test_whole_row_groups_split_and_assemble_with_their_own_sizes(
+    scheme: Int4Scheme, generator: torch.Generator
+) -> None:
+    """One group a row: w13's group is D and w2's F (D != F here), and back, exactly."""
+    weights = quantize_expert_weights(
+        torch.randn(E, 2 * F, D, generator=generator),
+        torch.randn(E, D, F, generator=generator),
+        scheme,
+    )
+    w13, w2 = split_experts(weights)
+    assert (w13.group_size, w2.group_size) == (D, F)
+    again = assemble_experts(w13, w2)
+    assert again.scheme == scheme
+    for name, tensor in weights.tensors().items():
+        assert torch.equal(again.tensors()[name], tensor), name
+
+
+def test_experts_of_other_group_sizes_are_refused(generator: torch.Generator) -> None:
+    qdata, qp = quantize_tensor(
+        torch.randn(F, D, generator=generator),
+        Int4Scheme(group_size=64),
+        scale_dtype=torch.bfloat16,
+    )
+    g64 = Int4Projection(qdata=qdata, scale=qp.scale, zero_point=None, group_size=64)
+    with pytest.raises(
+        ShapeError, match="gate: expert 1 has group_size=64, expected 32 like expert 0"
+    ):
+        stack_projections("gate", [_proj(generator, F, D), g64])
+
+
+def test_w2_of_another_intermediate_size_is_refused(generator: torch.Generator) -> None:
+    w13 = stack_projections("w13", [_proj(generator, 2 * F, D)])
+    w2 = stack_projections("down", [_proj(generator, D, 2 * F)])
+    with pytest.raises(
+        ShapeError, match=r"w13 must be \(E, 2F, D\) and w2 \(E, D, F\)"
+    ):
+        assemble_experts(w13, w2)

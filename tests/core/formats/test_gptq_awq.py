@@ -314,3 +314,44 @@ def test_declared_group_larger_than_k_with_one_row_is_exact(
         awq_dequantize(aw_qweight, scales, aw_qzeros, K),
         **EXACT,
     )
+
+
+def _gptq_packed(
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    qweight, qzeros = gptq_pack(_codes(gen, K, N), torch.randint(1, 16, (K // G, N)))
+    return qweight, _scales(gen), qzeros
+
+
+def test_gptq_qzeros_too_narrow_for_n_are_refused(generator: torch.Generator) -> None:
+    """qzeros ``(K/G, N/8)`` with a word column missing: zero points for 8 of 16 rows."""
+    qweight, scales, qzeros = _gptq_packed(generator)
+    with pytest.raises(
+        ShapeError, match=r"qzeros must be \(K/G=2, N/8=2\), got \(2, 1\)"
+    ):
+        from_gptq(qweight, scales, qzeros[:, :1], group_size=G)
+
+
+def test_gptq_scales_of_another_n_are_refused(generator: torch.Generator) -> None:
+    """scales ``(K/G, N)`` must have the N columns that qweight packs, and two dims."""
+    qweight, scales, qzeros = _gptq_packed(generator)
+    with pytest.raises(
+        ShapeError,
+        match=r"scales must be \(K/G, N\) with N=16 from qweight, got \(2, 8\)",
+    ):
+        from_gptq(qweight, scales[:, :8], qzeros, group_size=G)
+    with pytest.raises(ShapeError, match=r"scales must be \(K/G, N\) with N=16"):
+        from_gptq(qweight, scales[None], qzeros, group_size=G)
+
+
+def test_awq_qzeros_of_another_group_count_are_refused(
+    generator: torch.Generator,
+) -> None:
+    """AWQ qzeros ``(K/G, N/8)`` must have the scales' group count."""
+    qweight, qzeros = awq_pack(
+        _codes(generator, K, N), torch.randint(0, 16, (K // G, N), generator=generator)
+    )
+    with pytest.raises(
+        ShapeError, match=r"qzeros must be \(K/G=2, N/8=2\), got \(1, 2\)"
+    ):
+        from_awq(qweight, _scales(generator), qzeros[:1])

@@ -295,3 +295,18 @@ def test_auto_round_extra_config_patterns_reaching_experts_are_refused(
     )
     with pytest.raises(ConfigError, match="must name the expert modules exactly, got"):
         parse_quantization_config(config, module_names=EXPERT_MODULES)
+
+
+@pytest.mark.parametrize("key", ["zero_point", "zero_point_false_as_string"])
+def test_awq_without_zero_points_is_refused(key: str) -> None:
+    """AutoAWQ's ``zero_point: false`` (and a value that is not ``true``) is refused."""
+    value: object = False if key == "zero_point" else "false"
+    with pytest.raises(
+        ConfigError, match=r"AWQ without zero points \(zero_point=false\)"
+    ):
+        parse_quantization_config(
+            {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": value}
+        )
+    parse_quantization_config(
+        {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    )

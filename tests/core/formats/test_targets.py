@@ -107,3 +107,16 @@ def test_ambiguous_or_ignored_experts_are_refused() -> None:
         )
     with pytest.raises(ConfigError, match="at least one group"):
         select_config_group({"config_groups": {}})
+
+
+def test_an_exact_name_wins_over_a_regex_whatever_their_spelling() -> None:
+    """Exact names first, then ``re:`` regexes: also for a name sorting after "re:"."""
+    module = "transformer.h.0.mlp.experts.0.gate_proj"
+    groups: dict[str, dict[str, object]] = {
+        "int8": {"targets": ["re:.*gate_proj"], "weights": INT8_CH},
+        "int4": {"targets": [module], "weights": INT4_G32},
+    }
+    assert _theirs(module, groups) == "int4"
+    assert group_of_module(module, groups) == "int4"
+    label, _ = select_config_group({"config_groups": groups}, module_names=[module])
+    assert label == "int4"
