@@ -263,6 +263,7 @@ class FakeGatedMLPMOE:
         )
         assert ids_TK.dtype == torch.int32
         assert weights_TK.dtype == torch.float32
+        assert ids_TK.shape[1] == top_k  # upstream sizes its buffers by top_k
         return fused_moe(
             hidden_states, self.w13, self.w2, (weights_TK, ids_TK), activation
         )

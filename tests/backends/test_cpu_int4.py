@@ -419,3 +419,24 @@ def test_ids_outside_the_held_experts_raise(generator: torch.Generator) -> None:
         ShapeError, match=r"local expert ids in \[0, 4\), got values in \[-1, 4\]"
     ):
         backend.apply(hidden, prepared, bad)
+
+
+def test_router_weight_on_input_rounds_the_weighted_input_once(
+    generator: torch.Generator,
+) -> None:
+    """fp32 input: ``x * w`` is formed in float32 from the input as given, then rounded to bf16:
+    the same as handing the backend ``x * w`` with weight 1 (rounding ``x`` to bf16
+    first as well would round twice)."""
+    dtype = torch.float32
+    config = _make_config(4, 1, 64, 64, on_input=True)
+    weights = _make_weights(config, Int4Scheme(group_size=32), dtype, generator)
+    hidden, routing = _make_inputs(config, 7, dtype, generator)
+    weights_TK = 0.2 + 0.8 * torch.rand(routing.topk_ids.shape, generator=generator)
+    backend = CPUInt4Backend()
+    prepared = backend.prepare(weights, config, dtype=dtype)
+    out = backend.apply(
+        hidden, prepared, Routing(topk_weights=weights_TK, topk_ids=routing.topk_ids)
+    )
+    pre_scaled = hidden * weights_TK  # float32, as the backend forms it
+    ones = Routing(topk_weights=torch.ones_like(weights_TK), topk_ids=routing.topk_ids)
+    torch.testing.assert_close(out, backend.apply(pre_scaled, prepared, ones), **EXACT)

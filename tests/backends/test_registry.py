@@ -8,7 +8,7 @@ import torch
 from backends import available_backends, register_backend, select_backend
 from backends.base import DeviceInfo, PreparedExperts, Support, check_prepared
 from backends.reference import ReferenceBackend, ReferencePrepared
-from backends.registry import create_backend, unregister_backend
+from backends.registry import create_backend, explain_backends, unregister_backend
 from core.config import MoEConfig
 from core.errors import BackendUnavailableError, ConfigError, ConfigTypeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
@@ -169,3 +169,17 @@ def test_device_info_of_cpu() -> None:
     assert DeviceInfo.of("meta").type == "other"
     assert not Support.no("x")
     assert Support.yes()
+
+
+def test_explain_backends_says_ok_for_a_backend_that_can_run() -> None:
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=64)
+    lines = explain_backends(
+        config,
+        INT4_SYM_G32,
+        CANONICAL_LAYOUT,
+        DeviceInfo(type="cpu"),
+        dtype=torch.float32,
+    )
+    assert "reference: ok" in lines
+    assert "cpu-int4: ok" in lines
+    assert any(line.startswith("xpu-fused: device must be `xpu`") for line in lines)

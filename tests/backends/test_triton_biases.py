@@ -77,6 +77,7 @@ def _config(*, on_input: bool, activation: Activation = "swigluoai") -> MoEConfi
         hidden_size=D,
         intermediate_size=F,
         activation=activation,
+        renormalize=not on_input,  # top-1 renormalized weighs 1: the order is untested
         apply_router_weight_on_input=on_input,
         expert_bias=True,
     )

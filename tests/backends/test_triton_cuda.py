@@ -128,6 +128,7 @@ def test_expert_biases(name: str, on_input: bool, tokens: int) -> None:
         top_k=1 if on_input else 4,
         hidden_size=2880,
         intermediate_size=2880,
+        renormalize=not on_input,  # top-1 renormalized weighs 1
         activation="swigluoai",
         apply_router_weight_on_input=on_input,
         expert_bias=True,

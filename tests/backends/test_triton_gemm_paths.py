@@ -19,12 +19,12 @@ from backends.triton import (
     TritonEmulationBackend,
     TritonW4A16Backend,
 )
-from backends.triton._fused import Path, fused_moe
-from backends.triton._launch import ExpertMatrix, ptx_target
+from backends.triton._fused import Path, _dequant_scratch, fused_moe
+from backends.triton._launch import ExpertMatrix, dequantize_experts, ptx_target
 from backends.triton._tiles import GemmTiles, MoETiles
 from core.config import MoEConfig
 from core.errors import DTypeError
-from core.quantize import quantize_expert_weights
+from core.quantize import dequantize_expert, quantize_expert_weights
 from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import Int4Mapping, Int4Scheme
@@ -320,3 +320,71 @@ def test_inline_ptx_is_for_cuda_tensors_only() -> None:
     """Intel's Triton (XPU) and the interpreter get the same bits from plain Triton ops."""
     assert not ptx_target(torch.empty(1))
     assert not ptx_target(torch.empty(1, device="meta"))
+
+
+@pytest.mark.parametrize("path", ["gemm", "gemv"])
+def test_swigluoai_clamps_gate_and_up_past_the_limit(
+    path: Path, generator: torch.Generator
+) -> None:
+    """Inputs large enough that gate > limit and up < -limit on routed pairs: the
+    default cases stay inside +-7, so neither clamp of ``_activate`` is exercised."""
+    config = tiny_config("swigluoai")
+    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    hidden_TD = (torch.randn(3, D, generator=generator) * 6).to(torch.bfloat16)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    gates, ups = [], []
+    for t, expert in enumerate(routing.topk_ids.tolist()):
+        for e in expert:
+            w13, _ = dequantize_expert(weights, e, dtype=torch.float32)
+            h = w13 @ hidden_TD[t].float()
+            gates.append(h[:F])
+            ups.append(h[F:])
+    limit = config.swiglu_limit
+    assert bool((torch.cat(gates) > limit).any())
+    assert bool((torch.cat(ups) < -limit).any())
+    assert bool((torch.cat(ups) > limit).any())
+    check_w4a16(weights, config, hidden_TD, routing, path=path)
+
+
+@pytest.mark.parametrize("group", [32, 256, -1])
+@pytest.mark.parametrize("mapping", list(Int4Mapping), ids=lambda m: m.name)
+def test_dequant_kernel_on_groups_wider_than_its_column_tile(
+    group: int, mapping: Int4Mapping, generator: torch.Generator
+) -> None:
+    """The dequant path's kernel on K = 512: a group of 256 spans two 128-column tiles,
+    each of which must read its own group's scales (the interpreter cases have groups
+    of 32 and whole rows of <= 128 only). Bit-exact against core's float32 dequant."""
+    d, f = 512, 256
+    scheme = Int4Scheme(mapping=mapping, group_size=group)
+    weights = quantize_expert_weights(
+        torch.randn(1, 2 * f, d, generator=generator),
+        torch.randn(1, d, f, generator=generator),
+        scheme,
+        scale_dtype=torch.float32,
+    )
+    config = MoEConfig(num_experts=1, top_k=1, hidden_size=d, intermediate_size=f)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    expected = dequantize_expert(weights, 0, dtype=torch.float32)
+    for b, want in zip((prepared.w13, prepared.w2), expected, strict=True):
+        out = torch.empty(1, *want.shape)
+        dequantize_experts(b, 0, 1, out)
+        torch.testing.assert_close(out[0], want, rtol=0.0, atol=0.0)
+
+
+def test_dequant_scratch_stays_within_its_byte_bound(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DEQUANT_SCRATCH_BYTES`` bounds the 16-bit scratch in bytes: room for two
+    experts' larger matrix gives chunks of two experts, and no more bytes."""
+    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    prepared = TritonW4A16Backend().prepare(
+        weights, tiny_config(), dtype=torch.bfloat16
+    )
+    per_expert = 2 * max(prepared.w13.data[0].numel(), prepared.w2.data[0].numel())
+    bound = 2 * per_expert * 2 + 100  # two experts of 16-bit values, in bytes
+    monkeypatch.setattr(configs, "DEQUANT_SCRATCH_BYTES", bound)
+    scratch, step = _dequant_scratch(
+        prepared.w13, prepared.w2, torch.bfloat16, torch.device("cpu")
+    )
+    assert step == 2
+    assert scratch.numel() * scratch.element_size() <= bound

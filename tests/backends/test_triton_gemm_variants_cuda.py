@@ -175,7 +175,7 @@ MMA = VARIANTS["mma-16x64x128-split2"]
         {"activation": "gelu"},
         {"activation": "gelu_tanh"},
         {"activation": "swigluoai", "expert_bias": True},
-        {"apply_router_weight_on_input": True, "top_k": 1},
+        {"apply_router_weight_on_input": True, "top_k": 1, "renormalize": False},
         {"expert_bias": True},
     ],
     ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),

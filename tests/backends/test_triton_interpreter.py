@@ -18,6 +18,7 @@ from backends.triton import (
     TritonEmulationPrepared,
     TritonW4A16Backend,
 )
+from backends.triton._align import max_row_blocks
 from backends.triton._launch import ExpertMatrix
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError
@@ -312,3 +313,10 @@ def test_emulation_refuses_weights_past_the_sixteen_bit_range(
         emulation.prepare(weights, config, dtype=torch.float16)
     with pytest.warns(EmulationMemoryWarning):
         emulation.prepare(weights, config, dtype=torch.bfloat16)
+
+
+def test_alignment_fits_the_worst_case_block_count() -> None:
+    """Every expert gets one pair: E blocks, the bound ``max_row_blocks`` must allow."""
+    assert max_row_blocks(4, 4, 4) == 4
+    assert max_row_blocks(16, 16, 16) == 16
+    check_alignment(torch.arange(E).reshape(2, 2), E, 4)

@@ -270,3 +270,50 @@ def test_emulation_takes_the_gemv_at_decode() -> None:
     dense = ExpertMatrix(data=torch.zeros(E, 2 * F, D, dtype=torch.bfloat16))
     assert use_gemv(E // 2, dense)
     assert not use_gemv(E // 2 + 1, dense)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [None, GemvTiles(block_n=16, block_k=64, words=True),
+     GemvTiles(block_n=16, block_k=64, words=True, paired=True)],
+    ids=["bytes", "words", "paired"],
+)  # fmt: skip
+def test_gemv_weights_the_input_once_with_router_weights_other_than_one(
+    tiles: GemvTiles | None, generator: torch.Generator
+) -> None:
+    """``apply_router_weight_on_input`` on the gemv path with router weights != 1 (the
+    GEMV cases route top-1 renormalized, whose weights are all 1): the w13 GEMV weights
+    its rows, the w2 GEMV and the top-k sum must not weight again."""
+    config = attrs.evolve(tiny_config(top_k=1, on_input=True), renormalize=False)
+    weights = weights_for(SCHEMES[1], torch.bfloat16, generator)
+    hidden_TD = torch.randn(3, D, generator=generator).to(torch.bfloat16)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    assert bool((routing.topk_weights < 0.9).all())
+    check_w4a16(weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        GemvTiles(block_n=16, block_k=64, words=True, paired=True),
+        GemvTiles(block_n=16, block_k=64, words=True, paired=True, prefetch=True),
+    ],
+    ids=["paired", "paired-prefetch"],
+)
+def test_paired_gemv_tiles_on_groups_of_one_word(
+    tiles: GemvTiles, generator: torch.Generator
+) -> None:
+    """w2 of intermediate size 8 in one group (group_size -1): a group of one int32
+    word, which paired tiles must run on the one-word kernel."""
+    d, f = 96, 8
+    scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=-1)
+    config = MoEConfig(num_experts=E, top_k=2, hidden_size=d, intermediate_size=f)
+    weights = quantize_expert_weights(
+        torch.randn(E, 2 * f, d, generator=generator) * 0.2,
+        torch.randn(E, d, f, generator=generator) * 0.2,
+        scheme,
+        scale_dtype=torch.float16,
+    )
+    hidden_TD = torch.randn(3, d, generator=generator).to(torch.float16)
+    routing = route_topk(torch.randn(3, E, generator=generator), config)
+    check_w4a16(weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles)

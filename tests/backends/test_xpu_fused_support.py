@@ -22,7 +22,7 @@ from backends.xpu.vllm_kernels import (
     xe2_or_xe3,
 )
 from backends.xpu_fused import XPUFusedBackend
-from core.errors import BackendUnavailableError
+from core.errors import BackendUnavailableError, ConfigError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.reference import moe_forward_reference
 from core.scheme import INT4_ASYM_G32, INT4_SYM, INT4_SYM_G32
@@ -251,3 +251,46 @@ def test_top_k_of_the_pinned_binaries_is_accepted() -> None:
             config, INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
         )
         assert support == Support.yes(), (top_k, support.reason)
+
+
+def test_prepare_refuses_weights_with_zero_points(generator: torch.Generator) -> None:
+    """prepare does not run supports: zero points must not reach a provider, which would
+    drop them (it reads symmetric codes) and give wrong outputs without an error."""
+    weights = make_weights(generator, INT4_ASYM_G32, scale_dtype=torch.bfloat16)
+    kernels = FakeXpuKernels()
+    with pytest.raises(
+        ConfigError,
+        match=r"weights must be symmetric \(no zero points\), got int4_asym_g32",
+    ):
+        fake_backend(kernels).prepare(weights, make_config(), dtype=torch.bfloat16)
+    assert kernels.built == []
+
+
+def test_swigluoai_alpha_other_than_the_kernels_is_refused() -> None:
+    """The kernel hard-codes alpha 1.702 as well as the limit."""
+    kernels = FakeXpuKernels()
+    provider = VllmXpuKernelsProvider(load=kernels.load, int4_arch=kernels.int4_arch)
+    config = make_config(activation="swigluoai", swiglu_alpha=1.0)
+    reason = provider.refusal(config, dtype=torch.bfloat16, device=XPU)
+    assert reason is not None
+    assert "swigluoai needs (swiglu_alpha, swiglu_limit)=(1.702, 7.0)" in reason
+    assert "got (1.0, 7.0)" in reason
+
+
+def test_vllm_provider_takes_exactly_1024_experts() -> None:
+    kernels = FakeXpuKernels()
+    provider = VllmXpuKernelsProvider(load=kernels.load, int4_arch=kernels.int4_arch)
+    for experts, refused in ((1024, False), (1025, True)):
+        reason = provider.refusal(
+            make_config(num_experts=experts), dtype=torch.bfloat16, device=XPU
+        )
+        assert (reason is not None) == refused, reason
+
+
+def test_a_backend_cannot_delegate_to_itself() -> None:
+    backend = XPUFusedBackend(providers=(), delegate="xpu-fused")
+    support = backend.supports(
+        make_config(), INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+    )
+    assert not support.ok
+    assert "xpu-fused: a backend cannot delegate to itself" in support.reason
