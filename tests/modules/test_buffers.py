@@ -98,3 +98,15 @@ def test_zero_local_experts_are_refused() -> None:
         ConfigError, match=r"num_local_experts must be in \[1, num_experts=8\], got 0"
     ):
         Int4MoE(CFG, num_local_experts=0, device="meta")
+
+
+def test_an_int64_expert_map_is_held_as_int32(generator: torch.Generator) -> None:
+    """The map buffer is int32 (what the kernels index with), whatever came in."""
+    w13 = torch.randn(4, 128, 128, generator=generator)
+    w2 = torch.randn(4, 128, 64, generator=generator)
+    local = quantize_expert_weights(w13, w2, INT4_SYM_G32)
+    emap = torch.tensor([-1] * 4 + [0, 1, 2, 3], dtype=torch.int64)
+    shard = Int4MoE.from_quantized(local, config=CFG, expert_map=emap)
+    held = shard.get_buffer("expert_map")
+    assert held.dtype == torch.int32
+    assert held.tolist() == emap.tolist()

@@ -365,3 +365,21 @@ def test_among_layers_sharing_tensors_the_spec_picks_the_layer(
             layer(x, logits),
             **EXACT,
         )
+
+
+def test_no_grad_keeps_the_op_for_an_input_that_requires_grad(
+    generator: torch.Generator,
+) -> None:
+    """Under ``torch.no_grad()`` nothing is recorded, so an input that requires a
+    gradient still goes through the op: the graph has no break (``fullgraph``)."""
+    layer = _layer(generator)
+    x = torch.randn(3, CFG.hidden_size, generator=generator, requires_grad=True)
+    with torch.no_grad():
+        targets = _graph_targets(layer, x)
+        expected = layer(x)
+    assert sum("int4_moe.forward" in t for t in targets) == 1
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(layer, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(got, expected, **EXACT)
+    assert not got.requires_grad
