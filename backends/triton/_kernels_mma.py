@@ -55,6 +55,9 @@ from backends.triton._kernels_mma_steps import (
     _words_layout,
 )
 
+# A CTA-wide barrier: ``thread_barrier`` in triton 3.6, renamed ``barrier`` in 3.7.
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 
 @gluon.jit
 def _moe_gemm_mma_kernel(
@@ -254,7 +257,7 @@ def _moe_gemm_mma_kernel(
                     # this group, then a barrier, and only then overwrite the slots
                     # the last group was read from
                     async_copy.wait_group(STAGES - 2)
-                    gl.thread_barrier()
+                    _cta_barrier()
                 _copy_step(
                     ring, ring_up, x_ring, it // COPY_STEPS + STAGES - 1, w_e, rows,
                     row_mask, kw, k_start, w_end, stride_wn, N, x_base, x_cmask, x_col,

@@ -287,13 +287,31 @@ MMA_BLOCK_M = (8, 16, 32)
 
 
 def mma_target(a: torch.Tensor) -> bool:
-    """Whether the Gluon MMA kernel runs for inputs on ``a``'s device: CUDA sm_80+."""
+    """Whether the Gluon MMA kernel runs for inputs on ``a``'s device.
+
+    CUDA sm_80+, and a Triton whose Gluon has what the kernel uses (``gluon_kernels``).
+    """
     return (
         a.device.type == "cuda"
         and torch.version.hip is None
         and not is_interpreting()
         and _capability(a.device) >= 8
+        and gluon_kernels()
     )
+
+
+@functools.cache
+def gluon_kernels() -> bool:
+    """Whether the Gluon decode GEMM imports: Triton 3.6 or newer.
+
+    Older releases lack parts of Gluon it uses (3.5 has no ``mma_v2``, 3.4 no Ampere
+    ``async_copy``); there the Triton word kernel takes its tiles, as on other GPUs.
+    """
+    try:
+        import backends.triton._kernels_mma  # noqa: F401  (the import is the check)
+    except (ImportError, AttributeError):
+        return False
+    return True
 
 
 def int4_words_fit(b: ExpertMatrix) -> bool:

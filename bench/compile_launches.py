@@ -1,0 +1,303 @@
+"""Compile, for sm_90 and without a GPU, every kernel launch ``fused_moe`` makes.
+
+``python bench/compile_launches.py [--quick]`` runs ``fused_moe`` on CPU tensors with
+every Triton and Gluon kernel of ``backends.triton`` replaced by a recorder and the
+device checks (``ptx_target``, ``mma_target``, ``pdl_target``, ``tma_target``)
+answering as on an H100/H200, so the launch code takes the paths and tiles it takes
+there: the GEMV kernels with TMA and PDL, the Gluon decode GEMM with its rings, the
+Triton GEMM on int32 words and on nibble halves, the alignment, the dequant prefill,
+the split reductions, and triton-emulation's 16-bit kernels. Each distinct launch (a
+kernel, its argument types and its meta-parameters) is then compiled with the
+installed Triton for ``GPUTarget("cuda", 90, 32)`` (Triton's wheel bundles
+``ptxas``). A kernel that does not compile under this Triton (an API renamed between
+releases, a layout it rejects) fails here, on a CPU, rather than in a user's first
+forward on a GPU. It exits 1 if any launch fails to compile.
+
+The weights are ``torch.empty`` (their pages are never touched: nothing reads them),
+so real model shapes cost no memory. What it checks is that the kernels compile, not
+what they compute or how fast: the GPU tests and the benchmark do that.
+"""
+
+# ruff: noqa: T201
+# A command-line script: print is its output.
+
+import importlib
+import inspect
+import os
+import pkgutil
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # imported (tests/test_bench_scripts.py): leave it be
+    os.environ["TRITON_INTERPRET"] = "0"  # the launch code as on a GPU (bf16 operands)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import attrs
+import torch
+
+import backends.triton
+from backends.triton._fused import fused_moe
+from backends.triton._launch import ExpertMatrix
+from core.config import Activation, MoEConfig
+from core.routing import Routing
+
+TARGET_CAPABILITY = 90
+_DTYPES = {
+    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8",
+}  # fmt: skip
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg")
+
+
+@attrs.frozen
+class Launch:
+    """One recorded ``kernel[grid](*args, **kwargs)``."""
+
+    kernel: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+class _Recorder:
+    """Stands in for a kernel: ``kernel[grid](...)`` records the launch."""
+
+    def __init__(self, kernel: Any, launches: list[Launch]) -> None:
+        self.kernel = kernel
+        self.launches = launches
+        self.fn = kernel.fn
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        def record(*args: Any, **kwargs: Any) -> None:
+            self.launches.append(Launch(self.kernel, args, kwargs))
+
+        return record
+
+
+def _is_kernel(value: object) -> bool:
+    import triton
+
+    return isinstance(value, triton.JITFunction) and value.fn.__name__.endswith(
+        "_kernel"
+    )
+
+
+def install_recorders(launches: list[Launch]) -> None:
+    """Kernels made recorders and device checks made an sm_90's.
+
+    In every module of ``backends.triton``: the launch code imports both by name.
+    """
+    from backends.triton._launch import gluon_kernels
+
+    gluon = gluon_kernels()  # before any kernel module is replaced below
+    on_gpu: dict[str, Callable[..., Any]] = {
+        "ptx_target": lambda a: True,
+        "mma_target": lambda a: gluon,
+        "pdl_target": lambda a: True,
+        "tma_target": lambda a: True,
+        "_capability": lambda device: TARGET_CAPABILITY // 10,
+    }
+    recorders: dict[int, _Recorder] = {}
+    for info in pkgutil.iter_modules(backends.triton.__path__, "backends.triton."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError as error:  # the Gluon kernel before Triton 3.6
+            print(f"not importable here, not launched: {info.name} ({error})")
+            continue
+        for name, value in list(vars(module).items()):
+            if _is_kernel(value):
+                recorder = recorders.setdefault(id(value), _Recorder(value, launches))
+                setattr(module, name, recorder)
+            elif name in on_gpu:
+                setattr(module, name, on_gpu[name])
+
+
+def _arg_type(value: object) -> str | None:
+    """The Triton signature type of a runtime argument, or ``None`` for a constexpr."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return "*" + _DTYPES[value.dtype]
+    if isinstance(value, TensorDescriptor):
+        block = ", ".join(str(b) for b in value.block_shape)
+        return f"tensordesc<{_DTYPES[value.base.dtype]}[{block}]>"
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+def _aligned(value: object) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+
+
+def compile_launch(launch: Launch) -> tuple[str, Any]:
+    """``(key, compiled kernel)``: the launch compiled for sm_90 by the installed Triton."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    kernel = launch.kernel
+    params = list(inspect.signature(kernel.fn).parameters)
+    constexpr = {p.name for p in kernel.params if p.is_constexpr}
+    values = dict(zip(params, launch.args, strict=False))
+    values |= {k: v for k, v in launch.kwargs.items() if k in params}
+    options = {k: v for k, v in launch.kwargs.items() if k in _OPTIONS}
+    unknown = set(launch.kwargs) - set(params) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(f"{kernel.fn.__name__}: unknown launch keywords {unknown}")
+    signature: dict[str, str] = {}
+    constants: dict[str, object] = {}
+    attrs_: dict[tuple[int, ...], list[list[object]]] = {}
+    for i, name in enumerate(params):
+        value = values[name]
+        kind = None if name in constexpr else _arg_type(value)
+        if kind is None:
+            signature[name] = "constexpr"
+            constants[name] = value
+            continue
+        signature[name] = kind
+        if not kind.startswith("tensordesc") and _aligned(value):
+            attrs_[(i,)] = [["tt.divisibility", 16]]
+    gluon = type(kernel).__name__.startswith("Gluon")
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        source: Any = GluonASTSource(kernel, signature, constants, attrs_)
+    else:
+        by_index: dict[tuple[int, ...], object] = {
+            (params.index(k),): v for k, v in constants.items()
+        }
+        source = ASTSource(kernel, signature, by_index, attrs_)
+    key = repr(
+        (
+            kernel.fn.__name__,
+            sorted(signature.items()),
+            sorted(map(repr, constants.items())),
+            sorted(options.items()),
+        )
+    )
+    target = GPUTarget("cuda", TARGET_CAPABILITY, 32)
+    return key, triton.compile(source, target=target, options=options)
+
+
+@attrs.frozen
+class Case:
+    """One layer: sizes, scheme, options; run at each of ``tokens``."""
+
+    e: int
+    k: int
+    d: int
+    f: int
+    tokens: tuple[int, ...]
+    group: int = 128
+    asym: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    activation: Activation = "silu"
+    on_input: bool = False
+    bias: bool = False
+    int4: bool = True
+
+
+def _matrix(c: "Case", rows: int, cols: int) -> ExpertMatrix:
+    """One projection of every expert of ``c``, as ``torch.empty`` (never read)."""
+    if not c.int4:
+        return ExpertMatrix(data=torch.empty(c.e, rows, cols, dtype=c.dtype))
+    g = cols if c.group == -1 else c.group
+    return ExpertMatrix(
+        data=torch.empty(c.e, rows, cols // 2, dtype=torch.uint8),
+        scale=torch.empty(c.e, rows, cols // g, dtype=c.dtype),
+        zero_point=(
+            torch.empty(c.e, rows, cols // g, dtype=torch.uint8) if c.asym else None
+        ),
+        group_size=g,
+        bias=torch.empty(c.e, rows, dtype=c.dtype) if c.bias else None,
+    )
+
+
+MODEL_TOKENS = (1, 4, 16, 64, 300)
+CASES = (
+    Case(8, 2, 4096, 14336, (*MODEL_TOKENS, 2048)),  # Mixtral-8x7B; 2048: dequant
+    Case(128, 8, 2048, 768, MODEL_TOKENS),  # Qwen3-30B-A3B
+    Case(256, 8, 7168, 2048, (1, 4, 16, 64)),  # DeepSeek-V3
+    Case(32, 4, 2880, 2880, (1, 5, 64), group=32, activation="swigluoai", bias=True),
+    Case(
+        16,
+        1,
+        512,
+        256,
+        (1, 5, 300, 4096),
+        asym=True,
+        on_input=True,
+        dtype=torch.float16,
+    ),
+    Case(8, 2, 512, 384, (1, 37, 300), group=32, activation="gelu_tanh"),
+    Case(8, 2, 512, 384, (1, 37), group=-1, asym=True, activation="gelu"),
+    Case(8, 2, 100, 64, (1, 37), group=-1),  # K % 8 != 0: the byte kernels
+    Case(8, 2, 96, 8, (1,), group=-1, asym=True),  # w2 groups of one word
+    Case(8, 2, 4096, 14336, (1, 16, 300), int4=False),  # triton-emulation
+    Case(128, 8, 2048, 768, (1, 16), int4=False, dtype=torch.float16),
+)
+QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10))  # every kernel, fewer forms
+
+
+def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
+    """The launches of every case at every token count (``install_recorders`` first)."""
+    launches: list[Launch] = []
+    install_recorders(launches)
+    for c in cases:
+        config = MoEConfig(
+            num_experts=c.e, top_k=c.k, hidden_size=c.d, intermediate_size=c.f,
+            activation=c.activation, apply_router_weight_on_input=c.on_input,
+            expert_bias=c.bias,
+        )  # fmt: skip
+        w13 = _matrix(c, 2 * c.f, c.d)
+        w2 = _matrix(c, c.d, c.f)
+        for m in c.tokens:
+            x = torch.empty(m, c.d, dtype=c.dtype)
+            gen = torch.Generator().manual_seed(m)
+            ids = torch.rand(m, c.e, generator=gen).topk(c.k).indices.to(torch.int32)
+            weights = torch.full((m, c.k), 1.0 / c.k)
+            fused_moe(x, w13, w2, Routing(topk_weights=weights, topk_ids=ids), config)
+            yield from launches
+            launches.clear()
+
+
+def main() -> int:
+    """Record, compile, report; 1 if any launch failed to compile."""
+    cases = QUICK if "--quick" in sys.argv[1:] else CASES
+    import triton
+
+    print(f"triton {triton.__version__}, sm_{TARGET_CAPABILITY}", flush=True)
+    seen: set[str] = set()
+    failed = 0
+    for launch in record(cases):
+        name = launch.kernel.fn.__name__
+        start = time.perf_counter()
+        try:
+            key, _ = compile_launch(launch)
+        except Exception as error:
+            failed += 1
+            last = "\n".join(traceback.format_exc().splitlines()[-6:])
+            print(f"FAILED {name}: {type(error).__name__}\n{last}", flush=True)
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        print(f"ok {name} ({time.perf_counter() - start:.1f} s)", flush=True)
+    print(f"{len(seen)} distinct launches compiled, {failed} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
