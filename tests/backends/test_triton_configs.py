@@ -305,3 +305,54 @@ def test_host_integer_helpers_match_triton() -> None:
         assert configs.next_pow2(a) == triton.next_power_of_2(a)
         for b in (1, 3, 16, 64, 128):
             assert configs.ceil_div(a, b) == triton.cdiv(a, b)
+
+
+def test_pick_tiles_reads_the_dequant_scratch_as_16_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dequant path's GEMMs read 16-bit scratch: the 16-bit table, never the int4
+    one (its int32-word, nibble-halves or Gluon tiles); the sizes are the layer's
+    (hidden from w2's rows, intermediate from w13's), not the packed widths."""
+    monkeypatch.setattr(fused, "is_interpreting", lambda: False)
+
+    def packed(e: int, d: int, f: int) -> tuple[ExpertMatrix, ExpertMatrix]:
+        def m(*shape: int) -> ExpertMatrix:  # shape only, on "meta"
+            return ExpertMatrix(
+                data=torch.empty(shape, dtype=torch.uint8, device="meta")
+            )
+
+        return m(e, 2 * f, d // 2), m(e, d, f // 2)
+
+    def table(pairs: int, e: int, d: int, f: int, *, sixteen_bit: bool) -> object:
+        return configs.choose_tiles(
+            num_pairs=pairs, num_experts=e, hidden_size=d, intermediate_size=f,
+            sixteen_bit=sixteen_bit,
+        )  # fmt: skip
+
+    w13, w2 = packed(128, 2048, 768)  # Qwen3-30B-A3B at M = 4096
+    pairs = 8 * 4096
+    assert fused.pick_tiles(pairs, w13, w2, dequant=True) == table(
+        pairs, 128, 2048, 768, sixteen_bit=True
+    )
+    assert fused.pick_tiles(pairs, w13, w2) == table(
+        pairs, 128, 2048, 768, sixteen_bit=False
+    )
+    assert fused.pick_tiles(pairs, w13, w2, dequant=True) != fused.pick_tiles(
+        pairs, w13, w2
+    )
+    w13, w2 = packed(8, 4096, 14336)  # Mixtral at M = 1: the w2 split needs D
+    assert fused.pick_tiles(2, w13, w2) == table(2, 8, 4096, 14336, sixteen_bit=False)
+    assert fused.pick_tiles(2, w13, w2).w2.split_k == 4
+
+
+def test_gemv_w2_split_takes_the_tiles_override_and_w2_tiles() -> None:
+    """``GemvTiles.w2_split`` (a sweep's override) is taken as given; else the split
+    is sized on the grid of the tiles the w2 GEMV runs (``w2_tiles``, 16 rows)."""
+    import attrs
+
+    paired = configs.GEMV_PAIRED
+    assert paired.w2_tiles is not None
+    assert fused.gemv_w2_split(attrs.evolve(paired, w2_split=2), 8, 4096, 1536) == 2
+    # 2 pairs, D = F = 4096: 512 programs of 16 rows want split 4, of 8 rows 2
+    assert fused.gemv_w2_split(paired, 2, 4096, 4096) == 4
+    assert fused.gemv_w2_split(attrs.evolve(paired, w2_tiles=None), 2, 4096, 4096) == 2

@@ -551,3 +551,107 @@ def test_load_experts_refuses_a_config_of_other_sizes(
             state, prefix=PREFIX, config=wide,
             quantization_config=quantization_config(INT4_ASYM_G32),
         )  # fmt: skip
+
+
+def test_int4_moe_own_state_takes_the_router_and_bias_of_the_gate(
+    generator: torch.Generator,
+) -> None:
+    """A replaced model's saved layer keeps its router (and DeepSeek-V3's correction
+    bias) on ``<prefix>.gate``, beside int4-moe's own tensors: both are read."""
+    w = _weights(generator, INT4_SYM_G32)
+    moe = Int4MoE.from_quantized(w, config=CFG)
+    gate = torch.randn(3, 64, generator=generator)
+    bias = torch.randn(3, generator=generator)
+    state = {f"{PREFIX}.experts.{k}": v for k, v in moe.state_dict().items()} | {
+        f"{PREFIX}.gate.weight": gate,
+        f"{PREFIX}.gate.e_score_correction_bias": bias,
+    }
+    loaded = load_experts(state, prefix=PREFIX, config=CFG)
+    assert loaded.format == "int4-moe"
+    _same(w, loaded.weights)
+    assert loaded.gate_weight is not None
+    assert loaded.e_score_correction_bias is not None
+    torch.testing.assert_close(loaded.gate_weight, gate, **EXACT)
+    torch.testing.assert_close(loaded.e_score_correction_bias, bias, **EXACT)
+
+
+def test_int4_moe_own_state_is_checked_against_the_config(
+    generator: torch.Generator,
+) -> None:
+    """As for the quantizers' formats, the sizes are checked by load_experts itself,
+    and a state missing one of int4-moe's required tensors is a ConfigError."""
+    moe = Int4MoE.from_quantized(_weights(generator, INT4_SYM_G32), config=CFG)
+    state = {f"{PREFIX}.experts.{k}": v for k, v in moe.state_dict().items()}
+    wide = MoEConfig(num_experts=3, top_k=2, hidden_size=64, intermediate_size=64)
+    with pytest.raises(
+        ConfigError,
+        match=r"checkpoint experts have \(num_experts, hidden_size, intermediate_size\) "
+        r"= \(3, 64, 32\), but config says \(3, 64, 64\)",
+    ):
+        load_experts(state, prefix=PREFIX, config=wide)
+    del state[f"{PREFIX}.experts.w2_scale"]
+    with pytest.raises(ConfigError):
+        load_experts(state, prefix=PREFIX, config=CFG)
+
+
+def test_quantizers_own_config_files_in_order_and_by_method(
+    generator: torch.Generator, tmp_path: "Path"
+) -> None:
+    """``quantize_config.json`` is looked for before ``quant_config.json``, and the
+    ``quant_method`` a file names is kept (read as GPTQ only when it names none)."""
+    import json
+
+    w = _weights(generator, INT4_ASYM_G32)
+    awq = {"zero_point": True, "q_group_size": 32, "w_bit": 4, "version": "GEMM"}
+    save_file(_awq_state(w), str(tmp_path / "m.safetensors"))
+    (tmp_path / "quantize_config.json").write_text(
+        json.dumps({"quant_method": "awq", **awq})
+    )
+    loaded = load_experts(tmp_path, prefix=PREFIX, config=CFG)
+    assert loaded.format == "awq"
+    _same(w, loaded.weights)
+    gptq = tmp_path / "gptq"
+    gptq.mkdir()
+    save_file(_gptq_state(w, v1=True), str(gptq / "m.safetensors"))
+    (gptq / "quantize_config.json").write_text(json.dumps(
+        {"bits": 4, "group_size": 32, "sym": False, "checkpoint_format": "gptq"}
+    ))  # fmt: skip
+    (gptq / "quant_config.json").write_text(json.dumps(awq))
+    loaded = load_experts(gptq, prefix=PREFIX, config=CFG)
+    assert loaded.format == "gptq"
+    _same(w, loaded.weights)
+
+
+def test_a_given_quantization_config_wins_over_the_files(
+    generator: torch.Generator, tmp_path: "Path"
+) -> None:
+    """The ``quantization_config`` argument is used as given; the files beside the
+    checkpoint are read only when it is left out."""
+    import json
+
+    w = _weights(generator, INT4_ASYM_G32)
+    save_file(_gptq_state(w, v1=True), str(tmp_path / "m.safetensors"))
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False}
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"quantization_config": qc | {"checkpoint_format": "gptq_v2"}}
+    ))  # fmt: skip
+    given = qc | {"checkpoint_format": "gptq"}
+    _same(
+        w,
+        load_experts(
+            tmp_path, prefix=PREFIX, config=CFG, quantization_config=given
+        ).weights,
+    )
+
+
+def test_a_single_expert_layer_is_read(generator: torch.Generator) -> None:
+    """Per-expert names stack into (E, ...) even for one expert."""
+
+    one = MoEConfig(num_experts=1, top_k=1, hidden_size=64, intermediate_size=32)
+    w = quantize_expert_weights(
+        torch.randn(1, 64, 64, generator=generator),
+        torch.randn(1, 64, 32, generator=generator),
+        INT4_SYM_G32,
+        scale_dtype=torch.float16,
+    )
+    _same(w, load_experts(_ct_state(w), prefix=PREFIX, config=one).weights)

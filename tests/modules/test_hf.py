@@ -710,3 +710,137 @@ def test_a_replaced_model_saved_by_transformers_loads_back(
             torch.testing.assert_close(got.state_dict()[key], tensor, **EXACT)
     ids = torch.randint(0, 64, (2, 7), generator=generator)
     torch.testing.assert_close(_logits(loaded, ids), _logits(quantized, ids), **EXACT)
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_gpt_oss_swiglu_alpha_and_limit_come_from_its_config(
+    routing: RoutingMode, generator: torch.Generator
+) -> None:
+    """gpt-oss's experts take ``swiglu_alpha`` / ``swiglu_limit`` from the config; a
+    limit small enough to clamp and another alpha give the model's own logits."""
+    torch.manual_seed(20261202)
+    cfg = GptOssConfig(
+        **COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        head_dim=16, sliding_window=8, rope_parameters=ROPE,
+        swiglu_alpha=1.0, swiglu_limit=0.05,
+    )  # fmt: skip
+    original = GptOssForCausalLM(cfg)
+    torch.nn.Module.eval(original)
+    config = moe_config_from_hf(cfg)
+    assert (config.swiglu_alpha, config.swiglu_limit) == (1.0, 0.05)
+    replaced = copy.deepcopy(original)
+    names = replace_moe_blocks(
+        replaced,
+        scheme=INT4_SYM_G32,
+        backend="reference",
+        routing=routing,
+    )
+    dequantized = copy.deepcopy(original)
+    _load_dequantized(dequantized, replaced, names, gpt_oss=True)
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    torch.testing.assert_close(
+        _logits(replaced, ids),
+        _logits(dequantized, ids),
+        **KERNEL_VS_ORACLE[torch.float32],
+    )
+
+
+def test_an_unknown_routing_mode_is_refused() -> None:
+    """Not silently read as ``config``: refused, and no block is replaced."""
+    model = _build("qwen3_moe")
+    with pytest.raises(
+        ConfigError, match=r"routing must be `model` or `config`, got 'gate'"
+    ):
+        replace_moe_blocks(model, backend="reference", routing="gate")  # type: ignore[arg-type]
+    assert not any(isinstance(m, Int4SparseMoeBlock) for m in model.modules())
+
+
+def _scaled_last_block(model: torch.nn.Module, wrap: "Any") -> None:
+    last = model.get_submodule(list(find_moe_blocks(model))[-1])
+    plain = type(last).forward
+
+    def forward(self: torch.nn.Module, h: torch.Tensor) -> "Any":
+        return wrap(plain(self, h))
+
+    last.forward = forward.__get__(last)
+
+
+def test_a_block_scaling_its_output_by_one_percent_is_refused() -> None:
+    """The replacement check's tolerance is float rounding, not a lost factor."""
+    model = _build("qwen3_moe")
+    _scaled_last_block(model, lambda out: 1.01 * out)
+    with pytest.raises(
+        ConfigError, match=r"block 'model\.layers\.1\.mlp' .* differing by 0\.0099"
+    ):
+        replace_moe_blocks(model, backend="reference")
+
+
+def test_a_block_returning_another_structure_or_shape_is_refused() -> None:
+    """Outputs are compared by structure and shape, not broadcast against each other."""
+    model = _build("qwen3_moe")
+    _scaled_last_block(model, lambda out: out.reshape(-1, out.shape[-1]))
+    with pytest.raises(
+        ConfigError,
+        match=r"output 0 must have shape \(1, 16, 64\) as in Int4SparseMoeBlock, got \(16, 64\)",
+    ):
+        replace_moe_blocks(model, backend="reference")
+    model = _build("qwen3_moe")
+    _scaled_last_block(model, lambda out: (out, out))
+    with pytest.raises(
+        ConfigError,
+        match=r"must return what Int4SparseMoeBlock returns, got 2 outputs against 1",
+    ):
+        replace_moe_blocks(model, backend="reference")
+
+
+def test_a_refused_model_keeps_its_float_experts(generator: torch.Generator) -> None:
+    """The check stands the int4 experts in for the float ones only while it runs: a
+    refused model computes what it computed before."""
+    model = _build("qwen3_moe")
+    ids = torch.randint(0, 64, (2, 7), generator=generator)
+    before = _logits(model, ids)
+    experts = [model.get_submodule(f"model.layers.{i}.mlp.experts") for i in (0, 1)]
+    _scaled_last_block(model, lambda out: 2.5 * out)
+    with pytest.raises(ConfigError):
+        replace_moe_blocks(model, backend="reference")
+    assert [
+        model.get_submodule(f"model.layers.{i}.mlp.experts") for i in (0, 1)
+    ] == experts
+    model.get_submodule("model.layers.1.mlp").__dict__.pop("forward")
+    torch.testing.assert_close(_logits(model, ids), before, rtol=0, atol=0)
+
+
+def test_a_model_in_training_is_checked_in_eval_and_left_in_training() -> None:
+    """The check runs the blocks in eval mode (a block acting otherwise in training,
+    as dropout or router jitter do, is not refused for it), and every module's mode
+    is restored afterwards."""
+    model = _build("qwen3_moe")
+    last = model.get_submodule("model.layers.1.mlp")
+    plain = type(last).forward
+
+    def forward(self: torch.nn.Module, h: torch.Tensor) -> Any:
+        return plain(self, h) * (0.5 if self.training else 1.0)
+
+    last.forward = forward.__get__(last)
+    model.train()
+    assert len(replace_moe_blocks(model, backend="reference")) == 2
+    assert all(m.training for m in model.modules())
+
+
+def test_gpt_oss_from_an_int4_checkpoint_is_refused() -> None:
+    """Its expert biases are not read from checkpoints: refused, not run without them
+    (the replacement check cannot see it: both sides run the same int4 experts)."""
+    quantized = _build("gpt_oss")
+    names = replace_moe_blocks(quantized, backend="reference")
+    state: dict[str, torch.Tensor] = {}
+    for block in names:
+        int4 = quantized.get_submodule(f"{block}.experts")
+        assert isinstance(int4, Int4MoE)
+        state |= export_expert_weights(int4.weights, prefix=f"{block}.experts")
+    model = _build("gpt_oss")
+    with pytest.raises(
+        ConfigError,
+        match="loading gpt-oss int4 experts from a checkpoint is not supported",
+    ):
+        replace_moe_blocks(model, backend="reference", checkpoint=state)
+    assert not any(isinstance(m, Int4SparseMoeBlock) for m in model.modules())
