@@ -150,3 +150,28 @@ def test_correction_bias_shape_is_checked() -> None:
             router_logits=torch.zeros(3, 8),
             correction_bias=torch.zeros(1),
         )
+
+
+CFG = MoEConfig(num_experts=8, top_k=2, hidden_size=16, intermediate_size=16)
+
+
+def test_topk_of_another_token_count_is_a_shape_error() -> None:
+    """Without token_shape the count is still checked: (4, 2) for 3 tokens."""
+    with pytest.raises(
+        ShapeError, match=r"topk_ids must have shape \(3, 2\), got \(4, 2\)"
+    ):
+        resolve_routing(
+            torch.zeros(3, 16),
+            CFG,
+            topk_weights=torch.full((4, 2), 0.5),
+            topk_ids=torch.zeros(4, 2, dtype=torch.int64),
+        )
+
+
+def test_topk_weights_are_held_in_float32() -> None:
+    weights = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.9, 0.1]], dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    routing = resolve_routing(
+        torch.zeros(3, 16), CFG, topk_weights=weights, topk_ids=ids
+    )
+    torch.testing.assert_close(routing.topk_weights, weights.float(), **EXACT)

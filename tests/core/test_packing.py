@@ -70,3 +70,10 @@ def test_pack_accepts_wide_unsigned_and_empty_codes() -> None:
     codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint16)
     assert pack_int4(codes).tolist() == [[0x21, 0x0F]]
     assert pack_int4(torch.zeros(3, 0, dtype=torch.uint8)).shape == (3, 0)
+
+
+def test_pack_rejects_zero_dim_and_bool_codes() -> None:
+    with pytest.raises(ShapeError, match=r"even last dim, got shape \(\)"):
+        pack_int4(torch.tensor(3, dtype=torch.uint8))
+    with pytest.raises(DTypeError, match=r"integer tensor, got dtype torch\.bool"):
+        pack_int4(torch.ones(4, 2, dtype=torch.bool))

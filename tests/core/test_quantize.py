@@ -308,3 +308,34 @@ def test_asymmetric_error_bound_with_rounded_scales(
     zero = qp.zero_point.double().repeat_interleave(32, dim=-1)
     err_steps = (w.double() - (codes.double() - zero) * step).abs() / step
     assert float(err_steps.max()) <= 0.5 + 15 * u / (1 - u) + 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dequantize_returns_the_asked_dtype(
+    dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    q = quantize_expert_weights(
+        torch.randn(2, 64, 64, generator=generator),
+        torch.randn(2, 64, 32, generator=generator),
+        INT4_ASYM_G32,
+        scale_dtype=torch.float32,
+    )
+    w13, w2 = dequantize_expert_weights(q, dtype=dtype)
+    one13, one2 = dequantize_expert(q, 1, dtype=dtype)
+    # computed in float32 (exact here to float64's float32 rounding), then cast
+    exp13 = dequant_f64(q.w13_qdata, q.w13_scale, q.w13_zero_point).float().to(dtype)
+    exp2 = dequant_f64(q.w2_qdata, q.w2_scale, q.w2_zero_point).float().to(dtype)
+    torch.testing.assert_close(w13, exp13, **EXACT)  # checks the dtype too
+    torch.testing.assert_close(w2, exp2, **EXACT)
+    torch.testing.assert_close(one13, exp13[1], **EXACT)
+    torch.testing.assert_close(one2, exp2[1], **EXACT)
+
+
+def test_quantize_expert_weights_rejects_w13_with_extra_rows() -> None:
+    # (belongs as a 4th case of test_quantize_expert_weights_rejects_disagreeing_sizes)
+    with pytest.raises(
+        ShapeError, match=r"w13_weight must have 2F=64 rows .* \(F=32\), got shape"
+    ):
+        quantize_expert_weights(
+            torch.zeros(2, 128, 64), torch.zeros(2, 64, 32), INT4_SYM_G32
+        )

@@ -8,7 +8,9 @@ import torch
 
 from core.config import Activation, MoEConfig
 from core.errors import DTypeError, ShapeError
-from core.quantize import quantize_expert_weights
+from core.quantize import (
+    quantize_expert_weights,
+)
 from core.reference import moe_backward_reference, moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, INT4_SYM_G128, Int4Scheme
@@ -325,3 +327,35 @@ def test_backward_reference_leaves_its_inputs_alone(generator: torch.Generator) 
     assert not grad_w.requires_grad
     torch.testing.assert_close(x.detach(), before[0], rtol=0, atol=0)
     torch.testing.assert_close(routing.topk_weights, before[1], rtol=0, atol=0)
+
+
+def test_backward_reference_router_gradient_in_the_weights_dtype(
+    generator: torch.Generator,
+) -> None:
+    """grad_topk_weights comes back in the dtype of routing.topk_weights (bf16 here)."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    q = quantize_expert_weights(
+        torch.randn(4, 64, 64, generator=generator) / 8,
+        torch.randn(4, 64, 32, generator=generator) / 32**0.5,
+        INT4_SYM_G32,
+        scale_dtype=torch.float32,
+    )
+    x = torch.randn(5, 64, generator=generator)
+    base = route_topk(torch.randn(5, 4, generator=generator), config)
+    routing = Routing(
+        topk_weights=base.topk_weights.to(torch.bfloat16), topk_ids=base.topk_ids
+    )
+    grad = torch.randn(5, 64, generator=generator)
+    _, grad_w = moe_backward_reference(x, q, routing, config, grad)
+    assert grad_w.dtype == torch.bfloat16
+    w64 = routing.topk_weights.double().requires_grad_()
+    out = dense_moe_f64(
+        x,
+        dequant_f64(q.w13_qdata, q.w13_scale, q.w13_zero_point),
+        dequant_f64(q.w2_qdata, q.w2_scale, q.w2_zero_point),
+        w64,
+        routing.topk_ids,
+        config,
+    )
+    (expected,) = torch.autograd.grad(out, w64, grad.double())
+    assert rel_l2(expected, grad_w) < REL_L2_VS_ORACLE[torch.bfloat16]

@@ -172,3 +172,53 @@ def test_group_ranking_does_not_depend_on_a_bias_being_passed(
     assert torch.equal(plain.topk_ids, zero_bias.topk_ids)
     as_v2 = route_topk(logits, attrs.evolve(config, group_score="max"))
     assert not torch.equal(plain.topk_ids, as_v2.topk_ids)
+
+
+def _assert_per_token_rule(
+    logits: torch.Tensor, config: MoEConfig, bias: torch.Tensor | None = None
+) -> None:
+    routing = route_topk(logits, config, correction_bias=bias)
+    for t in range(logits.shape[0]):
+        ids, weights = _route_one_token(
+            logits[t].tolist(), config, None if bias is None else bias.tolist()
+        )
+        assert routing.topk_ids[t].tolist() == ids
+        torch.testing.assert_close(
+            routing.topk_weights[t], torch.tensor(weights, dtype=torch.float32)
+        )
+
+
+def test_grouped_topk_with_negative_choice_scores(generator: torch.Generator) -> None:
+    """A correction bias can push every choice score below 0 (DeepSeek-V3's is learned,
+    any sign): experts of dropped groups must still never be picked (masked to -inf,
+    not to 0, which would then beat every kept expert)."""
+    config = MoEConfig(
+        num_experts=32, top_k=4, hidden_size=64, intermediate_size=64,
+        scoring_func="sigmoid", num_expert_group=8, topk_group=2,
+    )  # fmt: skip
+    logits = torch.randn(50, 32, generator=generator)
+    bias = torch.randn(32, generator=generator) * 0.1 - 2.0
+    _assert_per_token_rule(logits, config, bias)
+    ids = route_topk(logits, config, correction_bias=bias).topk_ids
+    assert all(len(set((row // 4).tolist())) <= 2 for row in ids)
+
+
+def test_grouped_top2_sum_with_one_expert_per_group(
+    generator: torch.Generator,
+) -> None:
+    """top2_sum on groups of a single expert ranks a group by its one score."""
+    config = MoEConfig(
+        num_experts=16, top_k=4, hidden_size=64, intermediate_size=64,
+        scoring_func="sigmoid", num_expert_group=16, topk_group=6,
+    )  # fmt: skip
+    assert config.group_ranking == "top2_sum"
+    _assert_per_token_rule(torch.randn(50, 16, generator=generator), config)
+
+
+def test_renormalize_tiny_sigmoid_scores(generator: torch.Generator) -> None:
+    """Scores near 1e-13 still renormalize to weights summing to one (no epsilon)."""
+    config = MoEConfig(
+        num_experts=8, top_k=2, hidden_size=64, intermediate_size=64,
+        scoring_func="sigmoid",
+    )  # fmt: skip
+    _assert_per_token_rule(torch.randn(20, 8, generator=generator) - 30.0, config)

@@ -110,3 +110,22 @@ def test_config_is_hashable_and_grouping_flag() -> None:
     assert hash(_cfg()) == hash(_cfg())
     assert _cfg(num_expert_group=4, topk_group=2).uses_grouped_topk
     assert not _cfg().uses_grouped_topk
+
+
+def test_grouping_at_its_bounds_is_accepted() -> None:
+    """Every group kept, and top_k filling the kept groups exactly, are valid."""
+    every_group = MoEConfig(
+        num_experts=8, top_k=2, hidden_size=64, intermediate_size=64,
+        num_expert_group=4, topk_group=4,
+    )  # fmt: skip
+    assert every_group.uses_grouped_topk
+    full = MoEConfig(
+        num_experts=8, top_k=4, hidden_size=64, intermediate_size=64,
+        num_expert_group=4, topk_group=2,
+    )  # 4 = 2 kept groups of 2 experts  # fmt: skip
+    assert full.uses_grouped_topk
+
+
+def test_unsupported_group_size_16_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"group_size must be one of .* got 16"):
+        Int4Scheme(group_size=16)

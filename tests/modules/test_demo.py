@@ -2,15 +2,35 @@
 
 import io
 import re
+import types
+from typing import Any
 
+import attrs
 import pytest
 import torch
 
+import modules.__main__ as cli
+import modules.demo as demo
+from core.config import MoEConfig
 from core.errors import ConfigError
-from core.scheme import INT4_ASYM_G128, INT4_SYM
+from core.routing import route_topk
+from core.scheme import (
+    INT4_ASYM_G128,
+    INT4_SYM,
+    INT4_SYM_G32,
+)
+from modules import Int4MoE
 from modules.__main__ import build_parser, main
-from modules.demo import MODELS, DemoOptions, parse_scheme, run_demo, time_call
-from tests.tolerances import REL_L2_VS_ORACLE
+from modules.demo import (
+    MODELS,
+    DemoOptions,
+    float_layer_output,
+    parse_scheme,
+    run_demo,
+    time_call,
+)
+from tests.dense import dense_moe_f64
+from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
 
 
 def test_demo_reports_error_memory_speed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,3 +173,167 @@ def test_demo_refuses_a_backend_before_quantizing(
     captured = capsys.readouterr()
     assert re.search(message, captured.err)
     assert "quantiz" not in captured.out
+
+
+_BASE = DemoOptions(
+    model="tiny",
+    tokens=4,
+    scheme=INT4_SYM_G32,
+    backend="reference",
+    device="cpu",
+    dtype=torch.float32,
+    iters=1,
+)
+
+
+def _options(**changes: Any) -> DemoOptions:
+    return attrs.evolve(_BASE, **changes)
+
+
+def test_demo_report_shows_its_numbers_and_the_oracle_is_the_layers_routing() -> None:
+    stream = io.StringIO()
+    result = run_demo(_options(), stream)
+    report = stream.getvalue()
+    # the reference backend in float32 is the oracle itself, on the same routing
+    assert float(result["rel_err_vs_int4_oracle"]) < 1e-6
+    float_err = float(result["rel_err_vs_float"])
+    kernel_err = float(result["rel_err_vs_int4_oracle"])
+    assert (
+        f"error      {float_err:.4f} relative L2 vs the float layer (int4 rounding), "
+        f"{kernel_err:.2e} vs the float32 int4 oracle" in report
+    )
+    ratio = float(result["bf16_bytes"]) / float(result["int4_bytes"])
+    assert ratio > 3
+    assert f"({ratio:.2f}x smaller)" in report
+
+
+def test_float_layer_matches_dense_float64(generator: torch.Generator) -> None:
+    options = _options(dtype=torch.bfloat16)
+    config = MODELS["tiny"]
+    x = torch.randn(6, config.hidden_size, generator=generator).to(torch.bfloat16)
+    routing = route_topk(
+        torch.randn(6, config.num_experts, generator=generator), config
+    )
+    out = float_layer_output(x, routing, config, options)
+    pairs = [demo._expert_float(config, e, options) for e in range(config.num_experts)]
+    expected = dense_moe_f64(
+        x,
+        torch.stack([w13 for w13, _ in pairs]),
+        torch.stack([w2 for _, w2 in pairs]),
+        routing.topk_weights,
+        routing.topk_ids,
+        config,
+    )
+    assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32]
+
+
+def test_demo_runs_the_layer_on_activations_of_the_asked_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[torch.dtype] = []
+    forward = Int4MoE.forward
+
+    def spy(self: Int4MoE, hidden_states: torch.Tensor, **kw: object) -> torch.Tensor:
+        seen.append(hidden_states.dtype)
+        return forward(self, hidden_states, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Int4MoE, "forward", spy)
+    run_demo(_options(dtype=torch.float16, tokens=2), io.StringIO())
+    assert seen
+    assert set(seen) == {torch.float16}
+
+
+def test_time_call_is_the_median_after_two_warmups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = iter([0.0, 0.001, 1.0, 1.005, 2.0, 2.003])  # samples of 1, 5 and 3 ms
+    monkeypatch.setattr(
+        demo, "time", types.SimpleNamespace(perf_counter=lambda: next(clock))
+    )
+    calls: list[None] = []
+
+    def fn() -> torch.Tensor:
+        calls.append(None)
+        return torch.zeros(1)
+
+    assert time_call(fn, _options(iters=3)) == pytest.approx(3.0)
+    assert len(calls) == 2 + 3
+
+
+# From each model's config.json on the Hugging Face Hub (hidden_size,
+# moe_intermediate_size or intermediate_size, n_routed_experts / num_experts,
+# num_experts_per_tok, and DeepSeek-V3's grouped sigmoid routing).
+PUBLISHED: dict[str, dict[str, Any]] = {
+    "mixtral-8x7b": {"num_experts": 8, "top_k": 2, "hidden_size": 4096, "intermediate_size": 14336},
+    "qwen3-30b-a3b": {"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768},
+    "qwen3-235b-a22b": {"num_experts": 128, "top_k": 8, "hidden_size": 4096, "intermediate_size": 1536},
+    "deepseek-v3": {
+        "num_experts": 256, "top_k": 8, "hidden_size": 7168, "intermediate_size": 2048,
+        "scoring_func": "sigmoid", "num_expert_group": 8, "topk_group": 4,
+        "routed_scaling_factor": 2.5,
+    },
+    "gpt-oss-20b": {
+        "num_experts": 32, "top_k": 4, "hidden_size": 2880, "intermediate_size": 2880,
+        "activation": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_model_shapes_are_the_published_ones(name: str) -> None:
+    assert MODELS[name] == MoEConfig(**PUBLISHED[name])
+
+
+def test_cli_passes_its_arguments_to_the_demo(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[DemoOptions] = []
+    monkeypatch.setattr(cli, "run_demo", lambda options, stream: seen.append(options))
+    assert main(["demo", "--model", "tiny", "--device", "cpu"]) == 0
+    argv = ["demo", "--model", "tiny", "--device", "cpu", "--tokens", "7", "--scheme",
+            "asym-g128", "--backend", "cpu-int4", "--iters", "3", "--seed", "5"]  # fmt: skip
+    for flag in ("bf16", "fp16", "fp32"):
+        assert main([*argv, "--dtype", flag]) == 0
+    given = DemoOptions(
+        model="tiny", tokens=7, scheme=INT4_ASYM_G128, backend="cpu-int4",
+        device="cpu", dtype=torch.bfloat16, iters=3, seed=5,
+    )  # fmt: skip
+    assert seen == [
+        DemoOptions(
+            model="tiny", tokens=16, scheme=INT4_SYM_G32, backend="auto",
+            device="cpu", dtype=torch.bfloat16, iters=10, seed=0,
+        ),
+        given,
+        attrs.evolve(given, dtype=torch.float16),
+        attrs.evolve(given, dtype=torch.float32),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("present", "expected"),
+    [({"cpu", "cuda", "xpu"}, "cuda"), ({"cpu", "xpu"}, "xpu"), ({"cpu"}, "cpu")],
+)
+def test_auto_device_prefers_cuda_then_xpu(
+    present: set[str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "_is_available", lambda t: t in present)
+    assert build_parser().parse_args(["demo", "--device", "auto"]).device == expected
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [
+        ("--tokens", "abc", "argument --tokens: must be an integer >= 1, got 'abc'"),
+        (
+            "--device",
+            "cpu:zero",
+            "must be a device string like `cuda:0`, got 'cpu:zero'",
+        ),
+    ],
+)
+def test_cli_refuses_more_bad_arguments(
+    flag: str, value: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (belong as more cases of test_cli_refuses_bad_arguments_with_the_reason)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--model", "tiny", flag, value])
+    assert exit_info.value.code == 2
+    assert reason in capsys.readouterr().err
