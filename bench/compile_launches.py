@@ -68,7 +68,6 @@ class _Recorder:
     def __init__(self, kernel: Any, launches: list[Launch]) -> None:
         self.kernel = kernel
         self.launches = launches
-        self.fn = kernel.fn
 
     def __getitem__(self, grid: object) -> Callable[..., None]:
         def record(*args: Any, **kwargs: Any) -> None:
