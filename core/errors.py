@@ -40,5 +40,9 @@ class DeviceError(Int4MoEError, ValueError):
     """Tensors that must share a device do not."""
 
 
+class NotLoadedError(Int4MoEError, RuntimeError):
+    """A module's buffers were never filled (``Int4MoE(config)`` without a load)."""
+
+
 class PreparedTypeError(Int4MoEError, TypeError):
     """A backend was handed the prepared form of another backend (``check_prepared``)."""

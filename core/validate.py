@@ -7,7 +7,13 @@ Messages name the argument, then what was expected, then what came.
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigTypeError, DeviceError, DTypeError, ShapeError
+from core.errors import (
+    ConfigTypeError,
+    DeviceError,
+    DTypeError,
+    NotLoadedError,
+    ShapeError,
+)
 from core.routing import Routing
 from core.scheme import SUPPORTED_GROUP_SIZES, Int4Scheme
 from core.weights import QuantizedExpertWeights
@@ -79,6 +85,22 @@ def check_finite(name: str, tensor: torch.Tensor, *, allow_meta: bool = False) -
         where = tuple(int(i) for i in bad.nonzero()[0])
         raise ShapeError(
             f"{name} must be finite, got {int(bad.sum())} NaN/inf values (first at {where})"
+        )
+
+
+def check_loaded(name: str, tensor: torch.Tensor | None) -> None:
+    """Raise ``NotLoadedError`` if ``tensor`` is floating and all NaN.
+
+    ``Int4MoE(config)`` fills its floating buffers with NaN until a state is loaded
+    into them; ``None`` (an absent buffer) and meta tensors pass.
+    """
+    if tensor is None or tensor.is_meta or not tensor.dtype.is_floating_point:
+        return
+    if tensor.numel() and bool(torch.isnan(tensor.detach()).all()):
+        raise NotLoadedError(
+            f"{name} was never loaded: Int4MoE(config) creates its buffers empty "
+            "(NaN), so load_state_dict (or Int4MoE.from_quantized / from_float) must "
+            f"fill them before a forward, got {name} all NaN"
         )
 
 

@@ -6,6 +6,7 @@
 May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` experts.
 """
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
@@ -31,6 +32,7 @@ from core.validate import (
     check_finite,
     check_float_expert_weights,
     check_hidden_states,
+    check_loaded,
     check_scheme,
     check_shape,
     check_type,
@@ -119,22 +121,17 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
-        # The expert_map last checked, and its memory.
-        self._checked_map: tuple[torch.Tensor, int] | None = None
+        # The expert_map last checked, its memory and its version counter.
+        self._checked_map: tuple[torch.Tensor, int, int] | None = None
         register_layer(self)  # findable by the compiled graphs' op
         local = expert_map_size(config, num_local_experts)
         for name, (shape, buf_dtype) in canonical_buffer_specs(
             config, scheme, local, dtype
         ).items():
-            self.register_buffer(
-                name, torch.empty(shape, dtype=buf_dtype, device=device)
-            )
+            self.register_buffer(name, _unloaded(shape, buf_dtype, device))
         e, d = config.num_experts, config.hidden_size
         self.gate_weight = (  # float32: the top-k is sensitive to router rounding
-            nn.Parameter(
-                torch.empty(e, d, dtype=torch.float32, device=device),
-                requires_grad=False,
-            )
+            nn.Parameter(_unloaded((e, d), torch.float32, device), requires_grad=False)
             if with_gate
             else None
         )
@@ -555,21 +552,23 @@ class Int4MoE(nn.Module):
         """Check ``expert_map`` when it is another tensor than the one last checked.
 
         The prepared form does not depend on the map, so replacing it (expert-parallel
-        rebalancing) costs this check, not a prepare. A new tensor or new memory
-        (``expert_map.data = ...``) is seen; in-place edits are not.
+        rebalancing) costs this check, not a prepare. A new tensor, new memory
+        (``expert_map.data = ...``) and in-place edits (``expert_map[2] = 7``, seen by
+        the tensor's version counter) are all seen.
         """
         emap = self._optional_buffer("expert_map")
+        if emap is None:
+            return
+        mark = (emap, emap.data_ptr(), _version(emap))
         seen = self._checked_map
-        if emap is None or (
-            seen is not None and seen[0] is emap and seen[1] == emap.data_ptr()
-        ):
+        if seen is not None and seen[0] is emap and seen[1:] == mark[1:]:
             return
         check_expert_map(
             emap,
             num_experts=self.config.num_experts,
             num_local_experts=self._buffer("w13_qdata").shape[0],
         )
-        self._checked_map = (emap, emap.data_ptr())
+        self._checked_map = mark
 
     def _checked_weights(self) -> QuantizedExpertWeights:
         """The buffers as weights, checked before a backend reads them.
@@ -580,6 +579,9 @@ class Int4MoE(nn.Module):
         Runs when the prepared form is rebuilt, not on every call.
         """
         weights = self.weights
+        for name in _FLOAT_BUFFERS:
+            check_loaded(name, self._optional_buffer(name))
+        check_loaded("gate_weight", self.gate_weight)
         local = int(weights.w13_qdata.shape[0])
         check_expert_weights(weights, self.config, num_experts=local)
         for name, router in (
@@ -669,6 +671,30 @@ def _check_optional_tensors(**tensors: object) -> None:
 
 _CODE_BUFFERS = ("w13_qdata", "w2_qdata", "w13_zero_point", "w2_zero_point")
 _FLOAT_BUFFERS = ("w13_scale", "w2_scale", "w13_bias", "w2_bias")
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """The version counter of ``tensor``, which in-place edits bump.
+
+    ``-1`` for an inference tensor, which keeps none (in-place edits of one go unseen).
+    """
+    if tensor.is_inference():
+        return -1
+    return int(tensor._version)
+
+
+def _unloaded(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None
+) -> torch.Tensor:
+    """A buffer before loading: NaN where floating (``check_loaded`` tells), else empty.
+
+    Int4 codes have no value that could mark them; a state loaded without them fails
+    ``load_state_dict``'s strict key check, and one loaded ``strict=False`` without
+    the scales fails ``check_loaded``.
+    """
+    if dtype.is_floating_point:
+        return torch.full(shape, math.nan, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _check_loaded_state(

@@ -19,6 +19,7 @@ from core.errors import (
     ConfigTypeError,
     DeviceError,
     DTypeError,
+    NotLoadedError,
     ShapeError,
 )
 from core.quantize import quantize_expert_weights
@@ -896,3 +897,60 @@ def test_a_cast_frees_the_old_tensors_at_once(generator: torch.Generator) -> Non
     gc.collect()
     assert moe.backend_name is None
     assert old() is None
+
+
+def test_expert_map_edited_in_place_is_checked_again(
+    generator: torch.Generator,
+) -> None:
+    """An in-place edit bumps the map's version counter: the next call checks it."""
+    w13, w2 = _float_weights(generator)
+    q = quantize_expert_weights(w13[:2], w2[:2], INT4_SYM_G32)
+    emap = torch.tensor([-1, -1, 0, 1, -1, -1, -1, -1], dtype=torch.int32)
+    moe = Int4MoE.from_quantized(q, config=CFG, expert_map=emap)
+    x = torch.randn(4, 128, generator=generator)
+    logits = torch.randn(4, 8, generator=generator)
+    moe(x, router_logits=logits)
+    moe.get_buffer("expert_map")[2] = 7  # local id 7 of a 2-expert shard
+    with pytest.raises(ShapeError, match=r"expert_map"):
+        moe(x, router_logits=logits)
+    moe.get_buffer("expert_map")[2] = 0  # fixed in place again: runs
+    moe(x, router_logits=logits)
+
+
+@pytest.mark.parametrize(
+    ("kw", "missing"),
+    [
+        ({}, "w13_scale"),
+        ({"with_gate": True}, "w13_scale"),
+    ],
+)
+def test_never_loaded_module_is_refused_at_its_first_call(
+    kw: dict[str, Any], missing: str, generator: torch.Generator
+) -> None:
+    """``Int4MoE(config)`` holds NaN scales until loaded; a forward says so."""
+    moe = Int4MoE(CFG, **kw)
+    x = torch.randn(3, 128, generator=generator)
+    with pytest.raises(NotLoadedError, match=rf"{missing} was never loaded"):
+        moe(x, router_logits=torch.randn(3, 8, generator=generator))
+
+
+@pytest.mark.parametrize("left_out", ["w2_scale", "gate_weight"])
+def test_state_loaded_without_a_float_buffer_is_refused(
+    left_out: str, generator: torch.Generator
+) -> None:
+    """``load_state_dict(strict=False)`` missing a scale or the router: the buffer
+    keeps its NaN, and the first forward names it (before: garbage, silently)."""
+    source = _module(generator)
+    source.gate_weight = nn.Parameter(
+        torch.randn(8, 128, generator=generator), requires_grad=False
+    )
+    state = source.state_dict()
+    del state[left_out]
+    moe = Int4MoE(CFG, with_gate=True)
+    moe.load_state_dict(state, strict=False)
+    x = torch.randn(3, 128, generator=generator)
+    with pytest.raises(NotLoadedError, match=rf"{left_out} was never loaded"):
+        moe(x)
+    moe.load_state_dict(source.state_dict())  # a full load then runs
+    want = source(x)
+    torch.testing.assert_close(moe(x), want, rtol=0, atol=0)
