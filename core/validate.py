@@ -244,8 +244,23 @@ def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
         raise DeviceError(f"tensors must be on one device, got {listing}")
 
 
+def checks_on_device(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values are checked on its device, not on the host.
+
+    CUDA tensors go to ``torch._assert_async``; the others are read back for a
+    ``ShapeError``.
+    """
+    return tensor.device.type == "cuda"
+
+
 def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> None:
-    """``topk_weights`` float ``(T, K)`` and ``topk_ids`` integer ``(T, K)`` in range."""
+    """``topk_weights`` float ``(T, K)`` and ``topk_ids`` integer ``(T, K)`` in range.
+
+    The range is checked on the host (``ShapeError``) except for CUDA tensors: there
+    ``torch._assert_async`` checks it on the device (no host synchronization, so the
+    layer stays capturable in a CUDA graph), and an id out of range raises CUDA's
+    device-side assert at the next synchronization instead.
+    """
     ids, weights = routing.topk_ids, routing.topk_weights
     expected = (num_tokens, config.top_k)
     check_shape("topk_ids", ids, expected)
@@ -254,10 +269,18 @@ def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> No
         raise DTypeError(f"topk_ids must be int32 or int64, got dtype {ids.dtype}")
     if not weights.dtype.is_floating_point:
         raise DTypeError(f"topk_weights must be floating, got dtype {weights.dtype}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.num_experts):
+    if not ids.numel():
+        return
+    in_range = f"topk_ids must be in [0, num_experts={config.num_experts})"
+    if checks_on_device(ids):
+        # No host sync (CUDA-graph capture, no stall): checked on the device; a bad id
+        # surfaces as a device-side assert at the next synchronization.
+        inside = ids.clamp(0, config.num_experts - 1).eq(ids).all()
+        torch._assert_async(inside, in_range)
+        return
+    if int(ids.min()) < 0 or int(ids.max()) >= config.num_experts:
         raise ShapeError(
-            f"topk_ids must be in [0, num_experts={config.num_experts}), got values in "
-            f"[{int(ids.min())}, {int(ids.max())}]"
+            f"{in_range}, got values in [{int(ids.min())}, {int(ids.max())}]"
         )
 
 

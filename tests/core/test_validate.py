@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from core.validate import is_supported_group_size
 
@@ -38,3 +39,49 @@ def test_check_cast_fits() -> None:
     check_cast_fits(
         "s", torch.tensor([float("inf")]), torch.float16
     )  # not made inf here
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host", "device"])
+@pytest.mark.parametrize(
+    ("ids", "valid"),
+    [
+        ([[0, 7], [3, 1]], True),
+        ([[0, 8], [3, 1]], False),  # one past the end
+        ([[0, 7], [-1, 1]], False),  # -1 is a local "held elsewhere", not a global id
+        ([[0, 7], [3, 2**40]], False),
+    ],
+    ids=str,
+)
+def test_check_routing_ranges_ids_on_the_host_or_the_device(
+    on_device: bool,
+    ids: list[list[int]],
+    valid: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CPU ids are read back for a ShapeError; CUDA ones go to ``torch._assert_async``
+    (no host sync), which on the CPU here raises at once, so the condition it checks
+    is tested without a GPU."""
+    from core import validate
+    from core.config import MoEConfig
+    from core.errors import ShapeError
+    from core.routing import Routing
+
+    monkeypatch.setattr(validate, "checks_on_device", lambda tensor: on_device)
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
+    routing = Routing(topk_weights=torch.ones(2, 2), topk_ids=torch.tensor(ids))
+    if valid:
+        validate.check_routing(routing, cfg, num_tokens=2)
+        return
+    error = RuntimeError if on_device else ShapeError
+    with pytest.raises(error, match=r"topk_ids must be in \[0, num_experts=8\)"):
+        validate.check_routing(routing, cfg, num_tokens=2)
+
+
+def test_checks_on_device_only_for_cuda() -> None:
+    from core.validate import checks_on_device
+
+    assert not checks_on_device(torch.zeros(1))
+    assert not checks_on_device(torch.zeros(1, device="meta"))
+    with FakeTensorMode():  # a CUDA tensor's device without a GPU
+        on_cuda = torch.empty(1, device="cuda")
+    assert checks_on_device(on_cuda)
