@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypeVar, overload
 
 import attrs
 import torch
@@ -41,6 +41,7 @@ Source: TypeAlias = str | os.PathLike[str] | Mapping[str, torch.Tensor]
 NAMINGS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 """Per-expert projection names: HF (gate, up, down) and Mixtral (w1, w3, w2)."""
 _INDEX = "model.safetensors.index.json"
+_Layer = TypeVar("_Layer", bound=Int4MoE)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -462,6 +463,33 @@ def _check_sizes(weights: QuantizedExpertWeights, config: MoEConfig) -> None:
             "checkpoint experts have (num_experts, hidden_size, intermediate_size) = "
             f"{got}, but config says {want}"
         )
+
+
+@overload
+def from_checkpoint(
+    source: Source,
+    *,
+    prefix: str,
+    config: MoEConfig,
+    format: str = ...,
+    quantization_config: Mapping[str, object] | None = ...,
+    backend: str = ...,
+    device: torch.device | str = ...,
+) -> Int4MoE: ...
+
+
+@overload
+def from_checkpoint(
+    source: Source,
+    *,
+    prefix: str,
+    config: MoEConfig,
+    format: str = ...,
+    quantization_config: Mapping[str, object] | None = ...,
+    backend: str = ...,
+    device: torch.device | str = ...,
+    module_cls: type[_Layer],
+) -> _Layer: ...
 
 
 def from_checkpoint(

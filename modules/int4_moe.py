@@ -89,12 +89,16 @@ class Int4MoE(nn.Module):
     """
 
     # What strict checkers see (nn.Module's __getattr__ says ``Tensor | Module``).
-    # Zero points and expert biases are buffers only where the scheme or config has
-    # them; ``weights`` gives every one, ``None`` where absent.
+    # Zero points and expert biases hold tensors only where the scheme or config has
+    # them, and read as ``None`` elsewhere (a ``None`` buffer: not in ``state_dict``).
     w13_qdata: torch.Tensor
     w13_scale: torch.Tensor
+    w13_zero_point: torch.Tensor | None
     w2_qdata: torch.Tensor
     w2_scale: torch.Tensor
+    w2_zero_point: torch.Tensor | None
+    w13_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
     gate_weight: nn.Parameter | None
     e_score_correction_bias: torch.Tensor | None
     expert_map: torch.Tensor | None
@@ -125,10 +129,12 @@ class Int4MoE(nn.Module):
         self._checked_map: tuple[torch.Tensor, int, int] | None = None
         register_layer(self)  # findable by the compiled graphs' op
         local = expert_map_size(config, num_local_experts)
-        for name, (shape, buf_dtype) in canonical_buffer_specs(
-            config, scheme, local, dtype
-        ).items():
-            self.register_buffer(name, _unloaded(shape, buf_dtype, device))
+        specs = canonical_buffer_specs(config, scheme, local, dtype)
+        for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS):  # absent ones read as None
+            spec = specs.get(name)
+            self.register_buffer(
+                name, None if spec is None else _unloaded(*spec, device)
+            )
         e, d = config.num_experts, config.hidden_size
         self.gate_weight = (  # float32: the top-k is sensitive to router rounding
             nn.Parameter(_unloaded((e, d), torch.float32, device), requires_grad=False)

@@ -954,3 +954,19 @@ def test_state_loaded_without_a_float_buffer_is_refused(
     moe.load_state_dict(source.state_dict())  # a full load then runs
     want = source(x)
     torch.testing.assert_close(moe(x), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_absent_zero_points_and_biases_read_as_none(
+    scheme: Int4Scheme, generator: torch.Generator
+) -> None:
+    """The attributes typed ``Tensor | None`` are ``None`` where absent (not an
+    AttributeError), and stay out of the state."""
+    for moe in (Int4MoE(CFG, scheme=scheme), _module(generator, scheme)):
+        assert moe.w13_bias is None
+        assert moe.w2_bias is None
+        assert (moe.w13_zero_point is not None) is scheme.has_zero_point
+        assert (moe.w2_zero_point is not None) is scheme.has_zero_point
+        keys = set(moe.state_dict())
+        assert ("w13_zero_point" in keys) is scheme.has_zero_point
+        assert not keys & {"w13_bias", "w2_bias"}

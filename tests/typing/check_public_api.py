@@ -78,6 +78,10 @@ def check() -> None:
     assert_type(moe.w2_scale, torch.Tensor)
     assert_type(moe.expert_map, torch.Tensor | None)
     assert_type(moe.gate_weight, torch.nn.Parameter | None)
+    assert_type(moe.w13_zero_point, torch.Tensor | None)
+    assert_type(moe.w2_zero_point, torch.Tensor | None)
+    assert_type(moe.w13_bias, torch.Tensor | None)
+    assert_type(moe.w2_bias, torch.Tensor | None)
     scaled = ScaledMoE.from_float(w13_weight=w13, w2_weight=w2, config=cfg)
     assert_type(scaled, ScaledMoE)
     assert_type(ScaledMoE.from_quantized(q, config=cfg), ScaledMoE)
@@ -86,6 +90,9 @@ def check() -> None:
         ScaledMoE.from_checkpoint({}, prefix="p", config=cfg, format=fmt), ScaledMoE
     )
     assert_type(from_checkpoint({}, prefix="p", config=cfg, format=fmt), Int4MoE)
+    assert_type(
+        from_checkpoint({}, prefix="p", config=cfg, module_cls=ScaledMoE), ScaledMoE
+    )
     activation: Activation = ACTIVATIONS[0]
     assert_type(
         MoEConfig(
