@@ -566,6 +566,12 @@ def replace_moe_blocks(
     )
     model_type = str(getattr(hf_config, "model_type", ""))
     blocks = find_moe_blocks(model)
+    if not blocks and any(isinstance(m, Int4SparseMoeBlock) for m in model.modules()):
+        raise ConfigError(
+            f"model must have float sparse MoE blocks to replace, got none left in "
+            f"{type(model).__name__}: its blocks already are Int4SparseMoeBlock "
+            "(replace_moe_blocks was called on it before)"
+        )
     if not blocks:
         raise ConfigError(
             f"model must have sparse MoE blocks (a `gate` or `router` child and "

@@ -844,3 +844,10 @@ def test_gpt_oss_from_an_int4_checkpoint_is_refused() -> None:
     ):
         replace_moe_blocks(model, backend="reference", checkpoint=state)
     assert not any(isinstance(m, Int4SparseMoeBlock) for m in model.modules())
+
+
+def test_a_second_replacement_says_the_blocks_are_already_replaced() -> None:
+    model = _build("qwen2_moe")
+    replace_moe_blocks(model, backend="reference")
+    with pytest.raises(ConfigError, match="already are Int4SparseMoeBlock"):
+        replace_moe_blocks(model, backend="reference")
