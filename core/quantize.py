@@ -10,7 +10,7 @@ import torch
 from core.errors import ShapeError
 from core.packing import pack_int4, unpack_int4
 from core.scheme import Int4Scheme
-from core.validate import check_finite
+from core.validate import check_activation_dtype, check_finite, check_type
 from core.weights import QParams, QuantizedExpertWeights
 
 _SYM_OFFSET = 8
@@ -52,7 +52,10 @@ def choose_qparams(
     Raises:
         ShapeError: where ``scale_dtype`` cannot hold a group's scale (overflow to inf,
             or a nonzero group's scale rounding to 0).
+        DTypeError: when ``scale_dtype`` is not float32, float16 or bfloat16.
+        ConfigTypeError: when ``scheme`` is not an ``Int4Scheme``.
     """
+    _check_scheme_and_scale_dtype(scheme, scale_dtype)
     grouped = _grouped(w_NK.float(), scheme)
     if not scheme.has_zero_point:
         scale = grouped.abs().amax(dim=-1) / _SYM_DIVISOR
@@ -64,6 +67,12 @@ def choose_qparams(
     safe = _safe_scale(scale)
     zero = torch.round(-lo / safe).clamp(scheme.qmin, scheme.qmax).to(torch.uint8)
     return QParams(scale=scale, zero_point=zero)
+
+
+def _check_scheme_and_scale_dtype(scheme: Int4Scheme, scale_dtype: torch.dtype) -> None:
+    """Before any work: the scales the layer and backends accept (no float64)."""
+    check_type("scheme", scheme, Int4Scheme)
+    check_activation_dtype("scale_dtype", scale_dtype)
 
 
 def _stored_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
@@ -203,8 +212,11 @@ def quantize_expert_weights(
         ShapeError: on wrong ranks, sizes that do not agree between ``w13_weight`` and
             ``w2_weight``, sizes the group size does not divide, NaN/inf values, or
             group scales that ``scale_dtype`` cannot hold (``choose_qparams``).
-        DTypeError: when a weight is not floating.
+        DTypeError: when a weight is not floating, or ``scale_dtype`` is not float32,
+            float16 or bfloat16.
+        ConfigTypeError: when ``scheme`` is not an ``Int4Scheme``.
     """
+    _check_scheme_and_scale_dtype(scheme, scale_dtype)
     _check_expert_shapes(w13_weight, w2_weight)
     check_finite("w13_weight", w13_weight)
     check_finite("w2_weight", w2_weight)

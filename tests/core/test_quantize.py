@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from core.errors import DTypeError, ShapeError
+from core.errors import ConfigTypeError, DTypeError, ShapeError
 from core.packing import unpack_int4
 from core.quantize import (
     choose_qparams,
@@ -339,3 +339,37 @@ def test_quantize_expert_weights_rejects_w13_with_extra_rows() -> None:
         quantize_expert_weights(
             torch.zeros(2, 128, 64), torch.zeros(2, 64, 32), INT4_SYM_G32
         )
+
+
+@pytest.mark.parametrize(
+    "scale_dtype", [torch.int8, torch.float64, torch.uint8, torch.int32], ids=str
+)
+def test_quantize_expert_weights_refuses_scale_dtypes_the_layer_refuses(
+    scale_dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    """Up front (int8 raised torch.finfo's TypeError after quantizing; float64 passed)."""
+    w13 = torch.randn(2, 64, 64, generator=generator)
+    w2 = torch.randn(2, 64, 32, generator=generator)
+    message = (
+        rf"scale_dtype must be float32, float16 or bfloat16, got dtype {scale_dtype}$"
+    )
+    with pytest.raises(DTypeError, match=message):
+        quantize_expert_weights(w13, w2, INT4_SYM_G32, scale_dtype=scale_dtype)
+    with pytest.raises(DTypeError, match=message):
+        choose_qparams(w2, INT4_ASYM_G32, scale_dtype=scale_dtype)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "got"),
+    [("sym", "str"), ("int4_sym_g32", "str"), (None, "NoneType"), (32, "int")],
+)
+def test_quantize_expert_weights_refuses_a_scheme_of_another_type(
+    scheme: object, got: str
+) -> None:
+    message = rf"scheme must be of type Int4Scheme, got {got}$"
+    w13, w2 = torch.zeros(2, 64, 64), torch.zeros(2, 64, 32)
+    with pytest.raises(ConfigTypeError, match=message) as info:
+        quantize_expert_weights(w13, w2, scheme)  # type: ignore[arg-type]  # on purpose
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(ConfigTypeError, match=message):
+        choose_qparams(w2, scheme, scale_dtype=torch.bfloat16)  # type: ignore[arg-type]  # on purpose
