@@ -8,7 +8,7 @@ import attrs
 import torch
 
 from core.config import MoEConfig
-from core.errors import ShapeError
+from core.errors import ConfigTypeError, DTypeError, ShapeError
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -68,12 +68,21 @@ def _check_routing_inputs(
     config: MoEConfig,
     correction_bias: torch.Tensor | None,
 ) -> None:
-    """Shapes only (metadata, no device sync): this runs on every forward."""
+    """Types, shapes and dtypes only (no device sync): this runs on every forward."""
+    given: object = config  # untyped callers can pass anything (a dict, say)
+    if not isinstance(given, MoEConfig):
+        raise ConfigTypeError(
+            f"config must be of type MoEConfig, got {type(given).__name__}"
+        )
     e = config.num_experts
     if router_logits_TE.ndim != 2 or router_logits_TE.shape[1] != e:
         raise ShapeError(
             f"router_logits must have shape (T, num_experts={e}), "
             f"got {tuple(router_logits_TE.shape)}"
+        )
+    if not router_logits_TE.dtype.is_floating_point:
+        raise DTypeError(
+            f"router_logits must be floating, got dtype {router_logits_TE.dtype}"
         )
     if correction_bias is not None and tuple(correction_bias.shape) != (e,):
         raise ShapeError(
@@ -105,6 +114,8 @@ def route_topk(
     Raises:
         ShapeError: when ``router_logits_TE`` is not ``(T, num_experts)`` or
             ``correction_bias`` not ``(num_experts,)``.
+        DTypeError: when ``router_logits_TE`` is not floating.
+        ConfigTypeError: when ``config`` is not a ``MoEConfig``.
     """
     _check_routing_inputs(router_logits_TE, config, correction_bias)
     scores_TE = score_logits(router_logits_TE, config)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.config import MoEConfig
-from core.errors import ShapeError
+from core.errors import ConfigTypeError, DTypeError, ShapeError
 from core.routing import (
     Routing,
     count_tokens_per_expert,
@@ -149,6 +149,35 @@ def test_route_topk_rejects_correction_bias_of_another_shape(
         ShapeError, match=r"correction_bias must have shape \(num_experts=8,\), got"
     ):
         route_topk(torch.zeros(3, 8), config, correction_bias=torch.zeros(shape))
+
+
+@pytest.mark.parametrize(
+    ("config", "got"),
+    [
+        ({"num_experts": 8, "top_k": 2}, "dict"),
+        (None, "NoneType"),
+        ("MoEConfig(num_experts=8)", "str"),
+    ],
+    ids=["dict", "None", "str"],
+)
+def test_route_topk_refuses_a_config_of_another_type(config: object, got: str) -> None:
+    with pytest.raises(
+        ConfigTypeError, match=rf"config must be of type MoEConfig, got {got}$"
+    ) as info:
+        route_topk(torch.zeros(3, 8), config)  # type: ignore[arg-type]  # on purpose
+    assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.int64, torch.int32, torch.uint8, torch.bool], ids=str
+)
+def test_route_topk_refuses_logits_that_are_not_floating(dtype: torch.dtype) -> None:
+    """Integer logits were routed silently (softmax over their float cast)."""
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=64)
+    with pytest.raises(
+        DTypeError, match=rf"router_logits must be floating, got dtype {dtype}$"
+    ):
+        route_topk(torch.zeros(3, 8, dtype=dtype), config)
 
 
 def test_group_ranking_does_not_depend_on_a_bias_being_passed(
