@@ -8,9 +8,10 @@ import torch
 
 from core.activation import apply_activation
 from core.config import MoEConfig
+from core.errors import ShapeError
 from core.quantize import dequantize_expert
 from core.routing import Routing, sort_tokens_by_expert
-from core.validate import check_local_ids
+from core.validate import check_local_ids, check_shape
 from core.weights import QuantizedExpertWeights
 
 
@@ -36,7 +37,10 @@ def moe_forward_reference(
 
     Raises:
         DTypeError / ShapeError: for ids that are not integers in ``[-1, E)``.
+        ShapeError: when ``hidden_TD`` is not ``(T, D)`` with the weights' ``D`` and
+            the routing's ``T``, or ``routing.topk_weights`` not ``(T, K)``.
     """
+    _check_shapes(hidden_TD, weights, routing)
     t, k = routing.topk_ids.shape
     out_TD = torch.zeros(
         t, hidden_TD.shape[1], dtype=torch.float32, device=hidden_TD.device
@@ -75,7 +79,13 @@ def moe_backward_reference(
     Returns:
         ``(grad_hidden_TD, grad_topk_weights_TK)`` in the dtypes of ``hidden_TD`` and
         ``routing.topk_weights``.
+
+    Raises:
+        ShapeError: as :func:`moe_forward_reference`, or when ``grad_TD`` does not
+            have the shape of ``hidden_TD``.
     """
+    _check_shapes(hidden_TD, weights, routing)
+    check_shape("grad_TD", grad_TD, tuple(hidden_TD.shape))
     t, k = routing.topk_ids.shape
     grad_x_TD = torch.zeros(
         t, hidden_TD.shape[1], dtype=torch.float32, device=hidden_TD.device
@@ -95,6 +105,25 @@ def moe_backward_reference(
         grad_w_N[pairs] = gw_N
     grad_w_TK = grad_w_N.view(t, k).to(routing.topk_weights.dtype)
     return grad_x_TD.to(hidden_TD.dtype), grad_w_TK
+
+
+def _check_shapes(
+    hidden_TD: torch.Tensor, weights: QuantizedExpertWeights, routing: Routing
+) -> None:
+    """Shapes only, before any work: the oracle is also called with hand-made inputs."""
+    d = weights.hidden_size
+    if hidden_TD.ndim != 2 or hidden_TD.shape[1] != d:
+        raise ShapeError(
+            f"hidden_TD must have shape (T, D={d}) like the weights' hidden size, "
+            f"got {tuple(hidden_TD.shape)}"
+        )
+    t, ids = int(hidden_TD.shape[0]), routing.topk_ids
+    if ids.ndim != 2 or ids.shape[0] != t:
+        raise ShapeError(
+            f"routing.topk_ids must have shape (T={t}, K) like hidden_TD "
+            f"{tuple(hidden_TD.shape)}, got {tuple(ids.shape)}"
+        )
+    check_shape("routing.topk_weights", routing.topk_weights, tuple(ids.shape))
 
 
 def _routed_pairs(routing: Routing, num_experts: int) -> list[tuple[int, torch.Tensor]]:

@@ -225,6 +225,77 @@ def test_reference_refuses_ids_it_cannot_hold(
         moe_backward_reference(x, weights, routing, config, torch.ones_like(x))
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "ids_shape", "message"),
+    [
+        (
+            (3, 64),
+            (5, 2),
+            r"routing\.topk_ids must have shape \(T=3, K\) like hidden_TD \(3, 64\), "
+            r"got \(5, 2\)$",
+        ),
+        (
+            (5, 64),
+            (3, 2),
+            r"routing\.topk_ids must have shape \(T=5, K\) like hidden_TD \(5, 64\), "
+            r"got \(3, 2\)$",
+        ),
+        (
+            (5, 48),
+            (5, 2),
+            r"hidden_TD must have shape \(T, D=64\) like the weights' hidden size, "
+            r"got \(5, 48\)$",
+        ),
+        (
+            (5, 128),
+            (5, 2),
+            r"hidden_TD must have shape \(T, D=64\) .* got \(5, 128\)$",
+        ),
+        ((1, 5, 64), (5, 2), r"hidden_TD must have shape .* got \(1, 5, 64\)$"),
+        ((64,), (5, 2), r"hidden_TD must have shape .* got \(64,\)$"),
+    ],
+    ids=["fewer-hidden-rows", "fewer-routed-tokens", "D-short", "D-long", "3-D", "1-D"],
+)
+def test_reference_refuses_inputs_of_other_shapes(
+    x_shape: tuple[int, ...],
+    ids_shape: tuple[int, ...],
+    message: str,
+    generator: torch.Generator,
+) -> None:
+    """Before any work (raw IndexError / matmul RuntimeError before)."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    ids = torch.randint(0, 4, ids_shape, generator=generator)
+    routing = Routing(
+        topk_weights=torch.rand(ids_shape, generator=generator), topk_ids=ids
+    )
+    x = torch.randn(x_shape, generator=generator)
+    with pytest.raises(ShapeError, match=message):
+        moe_forward_reference(x, weights, routing, config)
+    with pytest.raises(ShapeError, match=message):
+        moe_backward_reference(x, weights, routing, config, torch.ones_like(x))
+
+
+def test_reference_refuses_topk_weights_and_grad_of_other_shapes(
+    generator: torch.Generator,
+) -> None:
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    ids = torch.randint(0, 4, (5, 2), generator=generator)
+    x = torch.randn(5, 64, generator=generator)
+    short = Routing(topk_weights=torch.rand(5, 1, generator=generator), topk_ids=ids)
+    message = r"routing\.topk_weights must have shape \(5, 2\), got \(5, 1\)$"
+    with pytest.raises(ShapeError, match=message):
+        moe_forward_reference(x, weights, short, config)
+    with pytest.raises(ShapeError, match=message):
+        moe_backward_reference(x, weights, short, config, torch.ones_like(x))
+    routing = Routing(topk_weights=torch.rand(5, 2, generator=generator), topk_ids=ids)
+    with pytest.raises(
+        ShapeError, match=r"grad_TD must have shape \(5, 64\), got \(3, 64\)$"
+    ):
+        moe_backward_reference(x, weights, routing, config, torch.ones(3, 64))
+
+
 def test_reference_expert_biases(generator: torch.Generator) -> None:
     config = MoEConfig(
         num_experts=8,
