@@ -4,7 +4,8 @@ Pure metadata (attrs, frozen, hashable). Imports only stdlib and attrs.
 """
 
 import math
-from typing import Literal, TypeAlias
+from numbers import Integral
+from typing import Literal, SupportsIndex, TypeAlias
 
 import attrs
 
@@ -17,6 +18,18 @@ GroupScore: TypeAlias = Literal["max", "top2_sum"]
 ACTIVATIONS: tuple[Activation, ...] = ("silu", "gelu", "gelu_tanh", "swigluoai")
 SCORING_FUNCS: tuple[ScoringFunc, ...] = ("softmax", "sigmoid")
 GROUP_SCORES: tuple[GroupScore, ...] = ("max", "top2_sum")
+
+
+def _to_int(value: SupportsIndex) -> SupportsIndex:
+    """Converter: a non-bool integer of any type (``numpy.int64``, say) as an ``int``.
+
+    Anything else (bool, float, str) comes through unchanged, for the validator to
+    refuse by the field's name.
+    """
+    given: object = value  # untyped callers can pass anything
+    if isinstance(given, bool) or not isinstance(given, Integral):  # True, 2.0
+        return value
+    return int(given)
 
 
 def _check_positive_int(name: str, value: object) -> None:
@@ -97,19 +110,25 @@ class MoEConfig:
             output and ``w2_bias (E, D)`` to the w2 output (gpt-oss).
     """
 
-    num_experts: int = attrs.field(validator=_positive)
-    top_k: int = attrs.field(validator=_positive)
-    hidden_size: int = attrs.field(validator=_positive)
-    intermediate_size: int = attrs.field(validator=_positive)
+    num_experts: int = attrs.field(converter=_to_int, validator=_positive)
+    top_k: int = attrs.field(converter=_to_int, validator=_positive)
+    hidden_size: int = attrs.field(converter=_to_int, validator=_positive)
+    intermediate_size: int = attrs.field(converter=_to_int, validator=_positive)
     renormalize: bool = attrs.field(default=True, validator=_is_bool)
     scoring_func: ScoringFunc = attrs.field(
         default="softmax", validator=_one_of(SCORING_FUNCS)
     )
     activation: Activation = attrs.field(default="silu", validator=_one_of(ACTIVATIONS))
     num_expert_group: int | None = attrs.field(
-        default=None, validator=_optional_positive
+        default=None,
+        converter=attrs.converters.optional(_to_int),
+        validator=_optional_positive,
     )
-    topk_group: int | None = attrs.field(default=None, validator=_optional_positive)
+    topk_group: int | None = attrs.field(
+        default=None,
+        converter=attrs.converters.optional(_to_int),
+        validator=_optional_positive,
+    )
     group_score: GroupScore | None = attrs.field(
         default=None, validator=attrs.validators.optional(_one_of(GROUP_SCORES))
     )

@@ -74,3 +74,52 @@ def test_config_type_error_is_both_builtins() -> None:
 def test_ints_for_float_fields_are_accepted() -> None:
     config = MoEConfig(**SIZES, routed_scaling_factor=2, swiglu_limit=7)
     assert config.routed_scaling_factor == 2
+
+
+INT_FIELDS = (
+    "num_experts",
+    "top_k",
+    "hidden_size",
+    "intermediate_size",
+    "num_expert_group",
+    "topk_group",
+)
+
+
+@pytest.mark.parametrize("field", INT_FIELDS)
+@pytest.mark.parametrize("kind", ["int64", "int32", "uint8"])
+def test_numpy_ints_are_accepted_and_stored_as_int(field: str, kind: str) -> None:
+    """Like ``num_local_experts``: any non-bool ``numbers.Integral`` (was refused)."""
+    np = pytest.importorskip("numpy")
+    sizes = {**SIZES, "num_expert_group": 2, "topk_group": 1}
+    config = MoEConfig(**{**sizes, field: np.dtype(kind).type(sizes[field])})
+    value = getattr(config, field)
+    assert type(value) is int
+    assert value == sizes[field]
+    assert config == MoEConfig(**sizes)
+    assert hash(config) == hash(MoEConfig(**sizes))
+
+
+@pytest.mark.parametrize("field", INT_FIELDS)
+def test_numpy_bools_and_floats_are_still_refused(field: str) -> None:
+    np = pytest.importorskip("numpy")
+    sizes = {**SIZES, "num_expert_group": 2, "topk_group": 1}
+    with pytest.raises(ConfigTypeError, match=rf"{field} must be an int, got bool"):
+        MoEConfig(**{**sizes, field: np.True_})
+    with pytest.raises(
+        ConfigTypeError,
+        match=rf"{field} must be an int, got float64 np\.float64\(2\.0\)",
+    ):
+        MoEConfig(**{**sizes, field: np.float64(2.0)})
+    with pytest.raises(
+        ConfigTypeError, match=rf"{field} must be an int, got bool True"
+    ):
+        MoEConfig(**{**sizes, field: True})
+
+
+def test_numpy_ints_are_range_checked() -> None:
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ConfigError, match=r"num_experts must be >= 1, got 0$"):
+        MoEConfig(**{**SIZES, "num_experts": np.int64(0)})
+    with pytest.raises(ConfigError, match=r"top_k must be <= num_experts=8, got 9$"):
+        MoEConfig(**{**SIZES, "top_k": np.int64(9)})
