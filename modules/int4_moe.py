@@ -19,7 +19,7 @@ from torch import nn
 from backends.base import DeviceInfo, MoEBackend, PreparedExperts
 from backends.registry import check_backend_name, is_known_backend, select_backend
 from core.config import MoEConfig
-from core.errors import DeviceError, DTypeError
+from core.errors import ConfigError, DeviceError, DTypeError
 from core.inputs import resolve_routing
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
@@ -710,10 +710,15 @@ def _check_loaded_state(
 
     ``load_state_dict`` casts each tensor to its buffer's dtype: int32 codes would
     wrap into uint8 and large fp32 scales overflow fp16 to inf, silently. Also
-    refuses an ``expert_map`` naming experts this module does not hold.
+    refuses an ``expert_map`` naming experts this module does not hold, and a state
+    of another scheme (zero points present or not, scales of another group size: the
+    state does not record its scheme), with or without ``strict`` (a zero point left
+    out would be read as garbage). Torch hands its hooks ``strict=True`` whatever the
+    caller asked, so router tensors this module lacks are left to its key report.
     """
     if not isinstance(module, Int4MoE):
         return
+    _check_state_scheme(module, state_dict, prefix)
     for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS):
         loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
         if not isinstance(loaded, torch.Tensor) or buffer is None:
@@ -735,6 +740,44 @@ def _check_loaded_state(
         num_experts=module.config.num_experts,
         num_local_experts=module._buffer("w13_qdata").shape[0],
     )
+
+
+def _check_state_scheme(
+    module: "Int4MoE", state_dict: Mapping[str, Any], prefix: str
+) -> None:
+    scheme = module.scheme
+    if not isinstance(state_dict.get(prefix + "w13_qdata"), torch.Tensor):
+        return  # not this layer's state (torch reports the missing keys)
+    has_zero = isinstance(state_dict.get(prefix + "w13_zero_point"), torch.Tensor)
+    if has_zero != scheme.has_zero_point:
+        got = "has zero points" if has_zero else "has no zero points"
+        kind = "asymmetric" if scheme.has_zero_point else "symmetric"
+        raise ConfigError(
+            f"state_dict must match this Int4MoE's {kind} scheme {scheme.name}, got "
+            f"a state that {got} ({prefix}w13_zero_point): build the module with the "
+            "scheme the state was saved with (Int4MoE(config, scheme=...))"
+        )
+    for name, size in (
+        ("w13_scale", module.config.hidden_size),
+        ("w2_scale", module.config.intermediate_size),
+    ):
+        loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
+        if (
+            isinstance(loaded, torch.Tensor)
+            and buffer is not None
+            and loaded.ndim == buffer.ndim
+            and loaded.shape[:-1] == buffer.shape[:-1]
+            and loaded.shape[-1] != buffer.shape[-1]
+            and loaded.shape[-1] > 0
+        ):
+            groups = int(loaded.shape[-1])
+            group = "-1 (one group per row)" if groups == 1 else str(size // groups)
+            raise ConfigError(
+                f"state_dict {prefix}{name} must have {buffer.shape[-1]} groups a row "
+                f"for this Int4MoE's scheme {scheme.name} (group_size "
+                f"{scheme.group_size}), got {groups}, as group_size {group} gives: "
+                "build the module with the scheme the state was saved with"
+            )
 
 
 def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:

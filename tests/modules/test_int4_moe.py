@@ -25,7 +25,13 @@ from core.errors import (
 from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference
 from core.routing import route_topk
-from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, INT4_SYM_G128, Int4Scheme
+from core.scheme import (
+    INT4_ASYM_G32,
+    INT4_SYM,
+    INT4_SYM_G32,
+    INT4_SYM_G128,
+    Int4Scheme,
+)
 from modules import Int4MoE
 from tests.dense import dense_moe_f64, dequant_f64
 from tests.tolerances import (
@@ -970,3 +976,40 @@ def test_absent_zero_points_and_biases_read_as_none(
         keys = set(moe.state_dict())
         assert ("w13_zero_point" in keys) is scheme.has_zero_point
         assert not keys & {"w13_bias", "w2_bias"}
+
+
+@pytest.mark.parametrize(
+    ("saved", "built", "message"),
+    [
+        (
+            INT4_ASYM_G32,
+            INT4_SYM_G32,
+            r"symmetric scheme int4_sym_g32, got a state "
+            r"that has zero points",
+        ),
+        (
+            INT4_SYM_G32,
+            INT4_ASYM_G32,
+            r"asymmetric scheme int4_asym_g32, got a state "
+            r"that has no zero points",
+        ),
+        (
+            INT4_SYM,
+            INT4_SYM_G32,
+            r"w13_scale must have 4 groups a row for this "
+            r"Int4MoE's scheme int4_sym_g32 \(group_size 32\), got 1, as group_size -1 "
+            r"\(one group per row\) gives",
+        ),
+    ],
+    ids=["asym-into-sym", "sym-into-asym", "per-row-into-g32"],
+)
+def test_a_state_of_another_scheme_is_refused_by_name(
+    saved: Int4Scheme, built: Int4Scheme, message: str, generator: torch.Generator
+) -> None:
+    """The state does not record its scheme; loading one into a module of another
+    says which, strict or not (a zero point left out would be garbage)."""
+    state = _module(generator, saved).state_dict()
+    for strict in (True, False):
+        moe = Int4MoE(CFG, scheme=built)
+        with pytest.raises(ConfigError, match=message):
+            moe.load_state_dict(state, strict=strict)
