@@ -6,8 +6,9 @@ module runs it (``backend="triton-w4a16"``), eager and replayed in a CUDA graph
 (median of many replays, L2 not flushed: the differences, not the absolute times, are
 what this probe is for). Sources: the module's own router (``gate``), given
 ``router_logits``, given ``topk_weights``/``topk_ids`` (range-checked on the device by
-``torch._assert_async``, core/validate.py) and the same with that check patched out,
-to see its cost alone.
+``torch._assert_async``, core/validate.py) and the same with that check off
+(``check_topk_ids=False``, as ``replace_moe_blocks``' ``routing="model"`` sets it), to
+see its cost alone.
 """
 
 # ruff: noqa: D103, T201
@@ -44,10 +45,6 @@ def _time_us(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def _no_check(*args: object, **kwargs: object) -> None:
-    del args, kwargs
-
-
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
     cfg = MoEConfig(num_experts=E, top_k=K, hidden_size=D, intermediate_size=F)
@@ -63,7 +60,6 @@ def main() -> None:
     ).cuda()  # fmt: skip
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     print("M    source         eager us   graph us")
-    real_assert = torch._assert_async
     for m in (1, 4, 16):
         x = torch.randn(m, D, generator=gen).to(torch.bfloat16).cuda()
         logits = torch.randn(m, E, generator=gen).cuda()
@@ -72,13 +68,12 @@ def main() -> None:
             "gate": {},
             "router_logits": {"router_logits": logits},
             "topk": {"topk_weights": weights.contiguous(), "topk_ids": ids.contiguous()},
-            "topk-unchecked": {
+            "topk-trusted": {
                 "topk_weights": weights.contiguous(), "topk_ids": ids.contiguous()
             },
         }  # fmt: skip
         for name, kwargs in sources.items():
-            if name == "topk-unchecked":
-                torch._assert_async = _no_check
+            moe.check_topk_ids = name != "topk-trusted"
             try:
                 with torch.no_grad():
                     for _ in range(3):
@@ -90,7 +85,7 @@ def main() -> None:
                         moe(x, **kwargs)
                     replay = _time_us(graph.replay, 500)
             finally:
-                torch._assert_async = real_assert
+                moe.check_topk_ids = True
             print(f"{m:<4} {name:<14} {eager:8.1f} {replay:10.1f}")
 
 

@@ -98,6 +98,8 @@ def _topk_routing(
     topk_ids: torch.Tensor,
     config: MoEConfig,
     token_shape: tuple[int, ...] | None,
+    *,
+    check_ids: bool,
 ) -> Routing:
     t, k = hidden_TD.shape[0], config.top_k
     for name, tensor in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
@@ -109,7 +111,7 @@ def _topk_routing(
             )
     topk_ids, topk_weights = topk_ids.reshape(t, k), topk_weights.reshape(t, k)
     routing = Routing(topk_weights=topk_weights, topk_ids=topk_ids)
-    check_routing(routing, config, num_tokens=t)
+    check_routing(routing, config, num_tokens=t, ids_in_range=check_ids)
     return Routing(topk_weights=topk_weights.float(), topk_ids=topk_ids)
 
 
@@ -134,6 +136,7 @@ def resolve_routing(
     correction_bias: torch.Tensor | None = None,
     expert_map: torch.Tensor | None = None,
     token_shape: tuple[int, ...] | None = None,
+    check_topk_ids: bool = True,
 ) -> Routing:
     """One ``Routing`` over local expert ids from exactly one source.
 
@@ -155,6 +158,8 @@ def resolve_routing(
             as ``(S, B, E)`` for ``(B, S, D)`` hidden states is refused. Without it the
             leading dims are unknown, and only the last dim and the token count are
             checked.
+        check_topk_ids: range-check given ``topk_ids`` (``check_routing``); off
+            only for ids a top-k over the ``E`` experts made.
 
     Raises:
         ConfigError: when no source or two sources are given.
@@ -172,7 +177,10 @@ def resolve_routing(
             raise ConfigError(
                 "topk_weights and topk_ids must be given together, got one"
             )
-        routing = _topk_routing(hidden_TD, topk_weights, topk_ids, config, token_shape)
+        routing = _topk_routing(
+            hidden_TD, topk_weights, topk_ids, config, token_shape,
+            check_ids=check_topk_ids,
+        )  # fmt: skip
     elif router_logits is not None:
         routing = _logits_routing(
             hidden_TD, router_logits, config, correction_bias, token_shape

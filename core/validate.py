@@ -253,13 +253,16 @@ def checks_on_device(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cuda"
 
 
-def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> None:
+def check_routing(
+    routing: Routing, config: MoEConfig, *, num_tokens: int, ids_in_range: bool = True
+) -> None:
     """``topk_weights`` float ``(T, K)`` and ``topk_ids`` integer ``(T, K)`` in range.
 
     The range is checked on the host (``ShapeError``) except for CUDA tensors: there
     ``torch._assert_async`` checks it on the device (no host synchronization, so the
     layer stays capturable in a CUDA graph), and an id out of range raises CUDA's
-    device-side assert at the next synchronization instead.
+    device-side assert at the next synchronization instead. ``ids_in_range=False``
+    skips the range (ids known to come from a top-k over the experts).
     """
     ids, weights = routing.topk_ids, routing.topk_weights
     expected = (num_tokens, config.top_k)
@@ -269,7 +272,7 @@ def check_routing(routing: Routing, config: MoEConfig, *, num_tokens: int) -> No
         raise DTypeError(f"topk_ids must be int32 or int64, got dtype {ids.dtype}")
     if not weights.dtype.is_floating_point:
         raise DTypeError(f"topk_weights must be floating, got dtype {weights.dtype}")
-    if not ids.numel():
+    if not ids.numel() or not ids_in_range:
         return
     in_range = f"topk_ids must be in [0, num_experts={config.num_experts})"
     if checks_on_device(ids):

@@ -104,6 +104,13 @@ class Int4MoE(nn.Module):
     expert_map: torch.Tensor | None
     op_spec: str
     """The layer's config, scheme and backend as ``int4_moe::forward`` takes them."""
+    check_topk_ids: bool
+    """Range-check given ``topk_ids`` on every call (default ``True``).
+
+    On CUDA the check is a few small kernels with no host sync (about 2-3 us a call
+    in a replayed CUDA graph on an H200); set ``False`` only where the ids come from
+    a top-k over this layer's experts, as ``replace_moe_blocks``' ``routing="model"``
+    blocks do. An id out of range then reads outside the weights."""
 
     def __init__(
         self,
@@ -125,6 +132,7 @@ class Int4MoE(nn.Module):
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
+        self.check_topk_ids = True
         # The expert_map last checked, its memory and its version counter.
         self._checked_map: tuple[torch.Tensor, int, int] | None = None
         register_layer(self)  # findable by the compiled graphs' op
@@ -413,6 +421,7 @@ class Int4MoE(nn.Module):
         if "op_spec" not in state:  # pickled before the op took a spec
             self.op_spec = describe_layer(self.config, self.scheme, self._backend)
         self._checked_map = None  # pickled before it existed, or dropped on pickling
+        self.__dict__.setdefault("check_topk_ids", True)  # pickled before it existed
         register_layer(self)
 
     def op_state(self) -> list[torch.Tensor | None]:
@@ -499,6 +508,7 @@ class Int4MoE(nn.Module):
                 correction_bias=self._optional_buffer("e_score_correction_bias"),
                 expert_map=self._optional_buffer("expert_map"),
                 token_shape=tuple(hidden_states.shape[:-1]),
+                check_topk_ids=self.check_topk_ids,
             )
             if hidden_TD.shape[0] == 0 and not wants_grad(
                 hidden_TD, routing.topk_weights

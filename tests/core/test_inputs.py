@@ -175,3 +175,22 @@ def test_topk_weights_are_held_in_float32() -> None:
         torch.zeros(3, 16), CFG, topk_weights=weights, topk_ids=ids
     )
     torch.testing.assert_close(routing.topk_weights, weights.float(), **EXACT)
+
+
+def test_topk_ids_range_check_can_be_left_to_the_caller() -> None:
+    """``check_topk_ids=False`` (ids a top-k over the experts made) skips only the
+    range; shapes and dtypes are still checked."""
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=16, intermediate_size=32)
+    hidden = torch.zeros(2, 16)
+    weights, ids = torch.ones(2, 2), torch.tensor([[0, 8], [1, 2]])
+    with pytest.raises(ShapeError, match=r"topk_ids must be in \[0, num_experts=8\)"):
+        resolve_routing(hidden, cfg, topk_weights=weights, topk_ids=ids)
+    routing = resolve_routing(
+        hidden, cfg, topk_weights=weights, topk_ids=ids, check_topk_ids=False
+    )
+    assert routing.topk_ids.tolist() == [[0, 8], [1, 2]]
+    with pytest.raises(DTypeError, match="topk_ids must be int32 or int64"):
+        resolve_routing(
+            hidden, cfg, topk_weights=weights, topk_ids=ids.float(),
+            check_topk_ids=False,
+        )  # fmt: skip

@@ -3,6 +3,7 @@
 import contextlib
 import gc
 import io
+import pickle
 import weakref
 from typing import Any
 
@@ -1013,3 +1014,18 @@ def test_a_state_of_another_scheme_is_refused_by_name(
         moe = Int4MoE(CFG, scheme=built)
         with pytest.raises(ConfigError, match=message):
             moe.load_state_dict(state, strict=strict)
+
+
+def test_check_topk_ids_is_on_by_default_and_survives_pickling(
+    generator: torch.Generator,
+) -> None:
+    moe = _module(generator)
+    assert moe.check_topk_ids is True
+    moe.check_topk_ids = False
+    copied = pickle.loads(pickle.dumps(moe))
+    assert copied.check_topk_ids is False
+    state = dict(moe.__dict__)  # a layer pickled before the attribute existed
+    del state["check_topk_ids"]
+    old = Int4MoE.__new__(Int4MoE)
+    old.__setstate__(state)
+    assert old.check_topk_ids is True
