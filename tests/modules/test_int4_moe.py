@@ -699,9 +699,10 @@ def test_non_finite_router_loaded_later_is_refused_at_the_next_call(
         moe(x)
 
 
-def test_reassigned_expert_map_is_checked_again(generator: torch.Generator) -> None:
-    """The map is read on every call but checked only before a prepare: replacing it
-    drops the prepared form, so the next call checks it."""
+def _shard_after_one_call(
+    generator: torch.Generator,
+) -> tuple[Int4MoE, torch.Tensor, torch.Tensor]:
+    """Experts 2 and 3 of 8 held here (local 0 and 1), after a first call."""
     w13, w2 = _float_weights(generator)
     q = quantize_expert_weights(w13[:2], w2[:2], INT4_SYM_G32)
     emap = torch.tensor([-1, -1, 0, 1, -1, -1, -1, -1], dtype=torch.int32)
@@ -709,6 +710,13 @@ def test_reassigned_expert_map_is_checked_again(generator: torch.Generator) -> N
     x = torch.randn(4, 128, generator=generator)
     logits = torch.randn(4, 8, generator=generator)
     moe(x, router_logits=logits)
+    return moe, x, logits
+
+
+def test_reassigned_expert_map_is_checked_again(generator: torch.Generator) -> None:
+    """The map is read on every call but checked only before a prepare: replacing it
+    drops the prepared form, so the next call checks it."""
+    moe, x, logits = _shard_after_one_call(generator)
     moe.expert_map = torch.tensor([0, 0, 1, 1, -1, -1, -1, -1], dtype=torch.int32)
     with pytest.raises(ShapeError, match=r"each local id to at most one global expert"):
         moe(x, router_logits=logits)
@@ -910,13 +918,7 @@ def test_expert_map_edited_in_place_is_checked_again(
     generator: torch.Generator,
 ) -> None:
     """An in-place edit bumps the map's version counter: the next call checks it."""
-    w13, w2 = _float_weights(generator)
-    q = quantize_expert_weights(w13[:2], w2[:2], INT4_SYM_G32)
-    emap = torch.tensor([-1, -1, 0, 1, -1, -1, -1, -1], dtype=torch.int32)
-    moe = Int4MoE.from_quantized(q, config=CFG, expert_map=emap)
-    x = torch.randn(4, 128, generator=generator)
-    logits = torch.randn(4, 8, generator=generator)
-    moe(x, router_logits=logits)
+    moe, x, logits = _shard_after_one_call(generator)
     moe.get_buffer("expert_map")[2] = 7  # local id 7 of a 2-expert shard
     with pytest.raises(ShapeError, match=r"expert_map"):
         moe(x, router_logits=logits)
