@@ -6,10 +6,10 @@ device checks (``ptx_target``, ``mma_target``, ``pdl_target``, ``tma_target``)
 answering as on an H100/H200, so the launch code takes the paths and tiles it takes
 there: the GEMV kernels with TMA and PDL, the Gluon decode GEMM with its rings, the
 Triton GEMM on int32 words and on nibble halves, the alignment, the dequant prefill,
-the split reductions, and triton-emulation's 16-bit kernels. Each distinct launch (a
-kernel, its argument types and its meta-parameters) is then compiled with the
-installed Triton for ``GPUTarget("cuda", 90, 32)`` (Triton's wheel bundles
-``ptxas``). A kernel that does not compile under this Triton (an API renamed between
+the split reductions, triton-emulation's 16-bit kernels; and fused routing
+(``route_topk_fused``). Each distinct launch (a kernel, its argument types and its
+meta-parameters) is then compiled with the installed Triton for
+``GPUTarget("cuda", 90, 32)`` (Triton's wheel bundles ``ptxas``). A kernel that does not compile under this Triton (an API renamed between
 releases, a layout it rejects) fails here, on a CPU, rather than in a user's first
 forward on a GPU. It exits 1 if any launch fails to compile.
 
@@ -42,6 +42,7 @@ import torch
 import backends.triton
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix
+from backends.triton._route import route_topk_fused
 from core.config import Activation, MoEConfig
 from core.routing import Routing
 
@@ -248,6 +249,25 @@ CASES = (
     Case(128, 8, 2048, 768, (1, 16), int4=False, dtype=torch.float16),
 )
 QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10))  # every kernel, fewer forms
+ROUTES = (  # route_topk_fused: Mixtral, Qwen3 (no renormalization), DeepSeek-V3
+    (MoEConfig(num_experts=8, top_k=2, hidden_size=8, intermediate_size=8), False),
+    (
+        MoEConfig(
+            num_experts=128, top_k=8, hidden_size=8, intermediate_size=8,
+            renormalize=False,
+        ),
+        False,
+    ),
+    (
+        MoEConfig(
+            num_experts=256, top_k=8, hidden_size=8, intermediate_size=8,
+            scoring_func="sigmoid", num_expert_group=8, topk_group=4,
+            routed_scaling_factor=2.5,
+        ),
+        True,
+    ),
+)  # fmt: skip
+"""Routing configurations and whether they carry a correction bias."""
 
 
 def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
@@ -268,6 +288,13 @@ def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
             ids = torch.rand(m, c.e, generator=gen).topk(c.k).indices.to(torch.int32)
             weights = torch.full((m, c.k), 1.0 / c.k)
             fused_moe(x, w13, w2, Routing(topk_weights=weights, topk_ids=ids), config)
+            yield from launches
+            launches.clear()
+    for route_config, biased in ROUTES:
+        for m in (1, 64, 4096):
+            bias = torch.empty(route_config.num_experts) if biased else None
+            logits = torch.empty(m, route_config.num_experts)
+            route_topk_fused(logits, route_config, correction_bias=bias)
             yield from launches
             launches.clear()
 

@@ -10,7 +10,7 @@ import torch
 
 from core.config import MoEConfig
 from core.errors import ConfigError, DeviceError, DTypeError, ShapeError
-from core.routing import Routing, localize_routing, route_topk
+from core.routing import Routing, TopkRouter, localize_routing, route_topk
 from core.validate import check_routing, check_shape
 
 
@@ -69,6 +69,7 @@ def _logits_routing(
     config: MoEConfig,
     correction_bias: torch.Tensor | None,
     token_shape: tuple[int, ...] | None,
+    router: TopkRouter,
 ) -> Routing:
     t, e = hidden_TD.shape[0], config.num_experts
     _check_same_device("router_logits", router_logits, hidden_TD)
@@ -87,9 +88,7 @@ def _logits_routing(
             "router_logits must have the leading dims of hidden_states, shape "
             f"{_describe_shapes(t, e, token_shape)}, got {got}"
         )
-    return route_topk(
-        router_logits.reshape(t, e), config, correction_bias=correction_bias
-    )
+    return router(router_logits.reshape(t, e), config, correction_bias=correction_bias)
 
 
 def _topk_routing(
@@ -137,6 +136,7 @@ def resolve_routing(
     expert_map: torch.Tensor | None = None,
     token_shape: tuple[int, ...] | None = None,
     check_topk_ids: bool = True,
+    router: TopkRouter = route_topk,
 ) -> Routing:
     """One ``Routing`` over local expert ids from exactly one source.
 
@@ -160,6 +160,8 @@ def resolve_routing(
             checked.
         check_topk_ids: range-check given ``topk_ids`` (``check_routing``); off
             only for ids a top-k over the ``E`` experts made.
+        router: routes ``router_logits`` and the gate's logits: ``route_topk``, or a
+            fused form of it (``backends.triton``'s ``route_topk_fused`` on CUDA).
 
     Raises:
         ConfigError: when no source or two sources are given.
@@ -183,11 +185,11 @@ def resolve_routing(
         )  # fmt: skip
     elif router_logits is not None:
         routing = _logits_routing(
-            hidden_TD, router_logits, config, correction_bias, token_shape
+            hidden_TD, router_logits, config, correction_bias, token_shape, router
         )
     elif gate_weight is not None:
         logits = compute_router_logits(hidden_TD, gate_weight)
-        routing = route_topk(logits, config, correction_bias=correction_bias)
+        routing = router(logits, config, correction_bias=correction_bias)
     else:
         raise ConfigError(
             "router_logits or topk_weights/topk_ids must be given: this module has no gate"

@@ -4,6 +4,8 @@ Shape legend: ``T`` tokens, ``E`` experts, ``K`` top_k, ``N`` = T*K routed pairs
 Imports only torch, attrs and core.
 """
 
+from typing import Protocol
+
 import attrs
 import torch
 
@@ -63,12 +65,16 @@ def _mask_groups(choice_TE: torch.Tensor, config: MoEConfig) -> torch.Tensor:
     return grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view(t, e)
 
 
-def _check_routing_inputs(
+def check_routing_inputs(
     router_logits_TE: torch.Tensor,
     config: MoEConfig,
     correction_bias: torch.Tensor | None,
 ) -> None:
-    """Types, shapes and dtypes only (no device sync): this runs on every forward."""
+    """``route_topk``'s checks: types, shapes and dtypes only (no device sync).
+
+    Raises:
+        ConfigTypeError, ShapeError, DTypeError: as ``route_topk`` documents.
+    """
     given: object = config  # untyped callers can pass anything (a dict, say)
     if not isinstance(given, MoEConfig):
         raise ConfigTypeError(
@@ -117,7 +123,7 @@ def route_topk(
         DTypeError: when ``router_logits_TE`` is not floating.
         ConfigTypeError: when ``config`` is not a ``MoEConfig``.
     """
-    _check_routing_inputs(router_logits_TE, config, correction_bias)
+    check_routing_inputs(router_logits_TE, config, correction_bias)
     scores_TE = score_logits(router_logits_TE, config)
     choice_TE = (
         scores_TE if correction_bias is None else scores_TE + correction_bias.float()
@@ -134,6 +140,20 @@ def route_topk(
     if config.routed_scaling_factor != 1.0:
         topk_weights_TK = topk_weights_TK * config.routed_scaling_factor
     return Routing(topk_weights=topk_weights_TK, topk_ids=topk_ids_TK)
+
+
+class TopkRouter(Protocol):
+    """What routes logits: ``route_topk``, or a fused form with its results and errors."""
+
+    def __call__(
+        self,
+        router_logits_TE: torch.Tensor,
+        config: MoEConfig,
+        *,
+        correction_bias: torch.Tensor | None = None,
+    ) -> Routing:
+        """``Routing`` of ``(T, E)`` logits under ``config``."""
+        ...
 
 
 def localize_routing(routing: Routing, expert_map_E: torch.Tensor) -> Routing:

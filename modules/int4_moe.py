@@ -18,6 +18,7 @@ from torch import nn
 
 from backends.base import DeviceInfo, MoEBackend, PreparedExperts
 from backends.registry import check_backend_name, is_known_backend, select_backend
+from backends.triton import fused_router_for
 from core.config import MoEConfig
 from core.errors import ConfigError, DeviceError, DTypeError
 from core.inputs import resolve_routing
@@ -509,6 +510,7 @@ class Int4MoE(nn.Module):
                 expert_map=self._optional_buffer("expert_map"),
                 token_shape=tuple(hidden_states.shape[:-1]),
                 check_topk_ids=self.check_topk_ids,
+                router=fused_router_for(hidden_TD.device),
             )
             if hidden_TD.shape[0] == 0 and not wants_grad(
                 hidden_TD, routing.topk_weights

@@ -21,6 +21,10 @@ from backends.base import (
 )
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix, is_interpreting
+from backends.triton._route import (
+    fused_router_for as fused_router_for,
+    route_topk_fused as route_topk_fused,
+)
 from core.config import MoEConfig
 from core.errors import DTypeError, ShapeError
 from core.layout import CANONICAL_LAYOUT, WeightLayout

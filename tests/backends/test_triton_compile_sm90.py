@@ -22,7 +22,7 @@ KERNELS = (
     "_count_experts_kernel", "_align_blocks_kernel", "_moe_gemm_kernel",
     "_moe_gemm_mma_kernel", "_moe_gemv_kernel", "_moe_gemv_words_kernel",
     "_moe_gemv_pairs_kernel", "_moe_gemv16_kernel", "_reduce_topk_kernel",
-    "_activate_splits_kernel", "_dequant_kernel",
+    "_activate_splits_kernel", "_dequant_kernel", "_route_topk_kernel",
 )  # fmt: skip
 """Every kernel of backends/triton: each must be among the launches compiled."""
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from backends.triton import route_topk_fused
 from core.config import MoEConfig
 from core.errors import (
     BackendUnavailableError,
@@ -25,7 +26,7 @@ from core.errors import (
 )
 from core.quantize import quantize_expert_weights
 from core.reference import moe_forward_reference
-from core.routing import route_topk
+from core.routing import TopkRouter, route_topk
 from core.scheme import (
     INT4_ASYM_G32,
     INT4_SYM,
@@ -33,7 +34,7 @@ from core.scheme import (
     INT4_SYM_G128,
     Int4Scheme,
 )
-from modules import Int4MoE
+from modules import Int4MoE, int4_moe
 from tests.dense import dense_moe_f64, dequant_f64
 from tests.tolerances import (
     EXACT,
@@ -1031,3 +1032,45 @@ def test_check_topk_ids_is_on_by_default_and_survives_pickling(
     old = Int4MoE.__new__(Int4MoE)
     old.__setstate__(state)
     assert old.check_topk_ids is True
+
+
+def test_routes_through_the_device_s_fused_router(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On CUDA the module routes logits with route_topk_fused; here it is made to, the
+    # kernel interpreted on CPU. Given top-k ids are not routed again.
+    cfg = MoEConfig(
+        num_experts=8, top_k=2, hidden_size=128, intermediate_size=64,
+        scoring_func="sigmoid", num_expert_group=4, topk_group=2,
+    )  # fmt: skip
+    w13, w2 = _float_weights(generator, cfg)
+    gate = torch.randn(8, 128, generator=generator)
+    bias = torch.randn(8, generator=generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=cfg, gate_weight=gate,
+        e_score_correction_bias=bias, dtype=torch.float32, backend="reference",
+    )  # fmt: skip
+    calls: list[torch.device] = []
+
+    def fused_router_for(device: torch.device) -> TopkRouter:
+        calls.append(device)
+        return route_topk_fused
+
+    monkeypatch.setattr(int4_moe, "fused_router_for", fused_router_for)
+    x = torch.randn(9, 128, generator=generator)
+    logits = x @ gate.T
+    routing = route_topk(logits, cfg, correction_bias=bias)
+    expected = moe_forward_reference(x, moe.weights, routing, cfg)
+    for kwargs in ({}, {"router_logits": logits}):
+        with torch.no_grad():
+            torch.testing.assert_close(moe(x, **kwargs), expected, rtol=1e-5, atol=1e-6)
+    assert calls == [x.device, x.device]
+    with torch.no_grad():
+        moe(x, topk_weights=routing.topk_weights, topk_ids=routing.topk_ids)
+    # A router being trained keeps its gradient: the fused router hands it to
+    # route_topk.
+    gate_weight = moe.gate_weight
+    assert gate_weight is not None
+    gate_weight.requires_grad_(True)
+    (grad,) = torch.autograd.grad(moe(x).sum(), gate_weight)
+    assert grad.abs().sum() > 0

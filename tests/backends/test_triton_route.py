@@ -1,0 +1,184 @@
+"""``route_topk_fused`` (backends/triton/_route.py) against ``route_topk``.
+
+On a CUDA device the kernel is compiled and runs there; elsewhere it runs in Triton's
+interpreter on CPU tensors (``tests/conftest.py`` sets ``TRITON_INTERPRET=1``).
+``route_topk`` (torch ops in float32) is the reference: the same ids in the same
+order, weights within float32 rounding. Logits are seeded normal draws, so no two
+choices of a case are near-tied.
+"""
+
+from typing import Any
+
+import pytest
+import torch
+
+import backends.triton._route as route_module
+from backends.triton import fused_router_for, route_topk_fused
+from core.config import MoEConfig
+from core.errors import ConfigTypeError, DTypeError, ShapeError
+from core.routing import Routing, route_topk
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _config(e: int, k: int, **options: Any) -> MoEConfig:
+    return MoEConfig(
+        num_experts=e, top_k=k, hidden_size=8, intermediate_size=8, **options
+    )
+
+
+def _logits(
+    t: int, e: int, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(t, e, generator=gen) * 2).to(dtype).to(DEVICE)
+
+
+def _assert_same(got: Routing, want: Routing) -> None:
+    assert got.topk_ids.dtype == torch.int64
+    assert got.topk_weights.dtype == torch.float32
+    torch.testing.assert_close(got.topk_ids, want.topk_ids, rtol=0, atol=0)
+    torch.testing.assert_close(
+        got.topk_weights, want.topk_weights, rtol=2e-6, atol=1e-7
+    )
+
+
+CASES: dict[str, tuple[int, int, dict[str, Any]]] = {
+    "softmax-renorm": (8, 2, {}),
+    "softmax-raw": (8, 2, {"renormalize": False}),
+    "softmax-top1": (16, 1, {}),
+    "softmax-e60-k6": (60, 6, {"renormalize": False}),
+    "softmax-scaled": (128, 8, {"routed_scaling_factor": 2.5}),
+    "sigmoid-renorm": (32, 4, {"scoring_func": "sigmoid"}),
+    "sigmoid-raw": (32, 4, {"scoring_func": "sigmoid", "renormalize": False}),
+    "grouped-top2-sum": (
+        64,
+        8,
+        {
+            "scoring_func": "sigmoid",
+            "num_expert_group": 8,
+            "topk_group": 4,
+            "routed_scaling_factor": 2.5,
+        },
+    ),
+    "grouped-max": (
+        60,
+        6,
+        {"num_expert_group": 6, "topk_group": 3, "group_score": "max"},
+    ),
+    "grouped-top2-uneven": (
+        40,
+        3,
+        {"num_expert_group": 5, "topk_group": 2, "group_score": "top2_sum"},
+    ),
+    "grouped-size-one": (
+        8,
+        2,
+        {"num_expert_group": 8, "topk_group": 3, "group_score": "top2_sum"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("t", [1, 5, 37])
+def test_matches_route_topk(case: str, t: int) -> None:
+    e, k, options = CASES[case]
+    config = _config(e, k, **options)
+    logits = _logits(t, e, seed=t)
+    _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_correction_bias_chooses_but_does_not_weigh(grouped: bool) -> None:
+    groups = {"num_expert_group": 4, "topk_group": 2} if grouped else {}
+    config = _config(32, 4, scoring_func="sigmoid", **groups)
+    logits = _logits(9, 32)
+    gen = torch.Generator().manual_seed(1)
+    bias = (torch.randn(32, generator=gen) * 0.5).to(DEVICE)
+    got = route_topk_fused(logits, config, correction_bias=bias)
+    _assert_same(got, route_topk(logits, config, correction_bias=bias))
+    # The bias changed the choice (else this case would not test it).
+    assert not torch.equal(got.topk_ids, route_topk(logits, config).topk_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_logits_dtypes(dtype: torch.dtype) -> None:
+    config = _config(16, 4)
+    logits = _logits(6, 16, dtype)
+    _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
+
+
+def test_strided_logits() -> None:
+    config = _config(16, 4)
+    logits = _logits(16, 12).T  # (12, 16) with strides (1, 12)
+    assert not logits.is_contiguous()
+    _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
+
+
+def test_many_programs() -> None:
+    # 256 experts: 16 tokens a program, so 50 tokens take four programs.
+    config = _config(256, 8, scoring_func="sigmoid", num_expert_group=8, topk_group=4)
+    logits = _logits(50, 256)
+    _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
+
+
+def test_exact_ties_take_the_lower_id() -> None:
+    config = _config(8, 3, renormalize=False)
+    logits = torch.zeros(2, 8, device=DEVICE)
+    logits[1, 5] = 1.0
+    got = route_topk_fused(logits, config)
+    assert got.topk_ids.tolist() == [[0, 1, 2], [5, 0, 1]]
+
+
+def test_no_tokens() -> None:
+    got = route_topk_fused(_logits(0, 8), _config(8, 2))
+    assert got.topk_ids.shape == got.topk_weights.shape == (0, 2)
+
+
+def test_gradient_falls_back_to_route_topk() -> None:
+    logits = _logits(3, 8).requires_grad_(True)
+    got = route_topk_fused(logits, _config(8, 2))
+    (grad,) = torch.autograd.grad(got.topk_weights[:, 0].sum(), logits)
+    assert grad.abs().sum() > 0
+    with torch.no_grad():
+        assert got.topk_ids.equal(route_topk(logits, _config(8, 2)).topk_ids)
+
+
+def test_over_the_unroll_limits_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(route_module, "MAX_FUSED_EXPERTS", 4)
+    config = _config(8, 2)
+    logits = _logits(3, 8)
+    assert not route_module.fuses(logits, config)
+    _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
+    monkeypatch.undo()
+    assert route_module.fuses(logits, config)
+    assert not route_module.fuses(logits, _config(200, 65))
+    assert not route_module.fuses(
+        logits, _config(130, 2, num_expert_group=65, topk_group=1)
+    )
+
+
+def test_errors_are_route_topk_s() -> None:
+    config = _config(8, 2)
+    with pytest.raises(
+        ShapeError, match=r"router_logits must have shape \(T, num_experts=8\)"
+    ):
+        route_topk_fused(_logits(3, 7), config)
+    with pytest.raises(DTypeError, match="router_logits must be floating"):
+        route_topk_fused(torch.zeros(3, 8, dtype=torch.int32, device=DEVICE), config)
+    with pytest.raises(ShapeError, match="correction_bias must have shape"):
+        route_topk_fused(
+            _logits(3, 8), config, correction_bias=torch.zeros(7, device=DEVICE)
+        )
+    with pytest.raises(ConfigTypeError, match="config must be of type MoEConfig"):
+        route_topk_fused(_logits(3, 8), {"num_experts": 8})  # type: ignore[arg-type]  # the wrong type on purpose
+
+
+def test_fused_router_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fused_router_for(torch.device("cpu")) is route_topk
+    monkeypatch.setattr(route_module, "is_interpreting", lambda: True)
+    assert fused_router_for(torch.device("cuda")) is route_topk
+    monkeypatch.setattr(route_module, "is_interpreting", lambda: False)
+    assert fused_router_for(torch.device("cuda")) is route_topk_fused
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert fused_router_for(torch.device("cuda")) is route_topk
