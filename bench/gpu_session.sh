@@ -51,7 +51,7 @@ run gemv_bulk tests/backends/test_triton_gemv_cuda.py -k bulk &
 run dequant tests/backends/test_triton_dequant_cuda.py &
 run w4a16 tests/backends/test_triton_cuda.py -k w4a16 &
 run rest tests/backends/test_triton_cuda.py -k "not w4a16" &
-run modules tests/modules/test_int4_moe_cuda.py &
+run modules tests/modules/test_int4_moe_cuda.py tests/backends/test_triton_route.py &
 run variants tests/backends/test_triton_gemm_variants_cuda.py &
 for job in $(jobs -p); do wait "$job" || status=1; done
 for name in gemv gemv_pairs gemv_loops gemv_words gemv_bulk dequant w4a16 rest modules variants; do
