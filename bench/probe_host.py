@@ -8,7 +8,10 @@ launcher and not the GPU. On the GPU each torch op of routing is a launch as wel
 Qwen3-30B-A3B's layer (the launch-bound one), bf16, M = 1 (the byte GEMV), 4 (the
 int32-word GEMV) and 16 (the GEMM path): ``fused_moe`` alone (given routing), then
 the ``Int4MoE`` layer with ``backend="triton-w4a16"`` and its own router (the
-interpreter lets the backend take CPU tensors).
+interpreter lets the backend take CPU tensors). The interpreter runs its own small
+byte-GEMV tiles, so at M = 1 and 4 ``fused_moe`` is timed as well on the word-GEMV
+tiles an H200 picks (``pick_gemv_tiles`` outside the interpreter: the paired GEMV, by
+TMA at M = 4), the path its host runs (at M = 16 an H200 takes the GEMM path).
 """
 
 # ruff: noqa: D103, T201
@@ -21,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: CPU tensors run
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 import backends.triton
+import backends.triton._fused as fused
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix
+from backends.triton._tiles import GemvTiles
 from core.config import MoEConfig
 from core.routing import Routing
 from core.scheme import Int4Scheme
@@ -71,6 +77,12 @@ def _time(fn: Callable[[], object], reps: int = 2000) -> float:
     return (time.perf_counter() - start) / reps * 1e6
 
 
+def _gpu_gemv_tiles(num_pairs: int, w13: ExpertMatrix) -> GemvTiles:
+    """The GEMV tiles ``pick_gemv_tiles`` gives outside the interpreter."""
+    with mock.patch.object(fused, "is_interpreting", return_value=False):
+        return fused.pick_gemv_tiles(num_pairs, w13)
+
+
 def main() -> None:
     _stub_kernels()
     cfg = MoEConfig(num_experts=E, top_k=K, hidden_size=D, intermediate_size=F)
@@ -93,11 +105,16 @@ def main() -> None:
         x = torch.randn(m, D).to(torch.bfloat16)
         topk_weights, ids = torch.topk(torch.rand(m, E), K)
         routing = Routing(topk_weights=topk_weights, topk_ids=ids)
-        fused = _time(lambda: fused_moe(x, m13, m2, routing, cfg))  # noqa: B023
+        alone = _time(lambda: fused_moe(x, m13, m2, routing, cfg))  # noqa: B023
+        gpu = ""
+        if m < 16:
+            tiles = _gpu_gemv_tiles(ids.numel(), m13)
+            us = _time(lambda: fused_moe(x, m13, m2, routing, cfg, gemv_tiles=tiles))  # noqa: B023
+            gpu = f" (H200 tiles {us:.1f} us)"
         with torch.inference_mode():
             whole = _time(lambda: layer(x))  # noqa: B023
         print(
-            f"M={m}: fused_moe {fused:.1f} us, Int4MoE layer {whole:.1f} us "
+            f"M={m}: fused_moe {alone:.1f} us{gpu}, Int4MoE layer {whole:.1f} us "
             "a forward on the host, kernels stubbed"
         )
 
