@@ -67,10 +67,27 @@ class ExpertMatrix:
             msg = f"ExpertMatrix.zero_point needs the scale's strides {got}, got {zp.stride()}"
             raise ValueError(msg)
 
-    @property
+    # The layout facts below are asked several times a forward (up to ten on the
+    # decode GEMV path), so each is worked out once: the tensors a matrix holds keep
+    # their dtype, strides and memory, which its construction checks assume too.
+    @functools.cached_property
     def is_int4(self) -> bool:
         """Whether ``data`` holds packed int4 codes."""
         return self.data.dtype == torch.uint8
+
+    @functools.cached_property
+    def words_fit(self) -> bool:
+        """``int4_words_fit``."""
+        data = self.data
+        return (
+            self.is_int4
+            and int(data.shape[2]) % 4 == 0
+            and self.group_size % 8 == 0
+            and data.stride(2) == 1
+            and data.stride(1) % 4 == 0
+            and data.stride(0) % 4 == 0
+            and data.data_ptr() % 4 == 0
+        )
 
 
 def _strides(t: torch.Tensor) -> tuple[int, ...]:
@@ -320,16 +337,7 @@ def int4_words_fit(b: ExpertMatrix) -> bool:
     Rows of whole words (``K % 8 == 0``), groups of whole words, and words aligned
     to 4 bytes; else the GEMM dequantizes the tile byte by byte.
     """
-    data = b.data
-    return (
-        b.is_int4
-        and int(data.shape[2]) % 4 == 0
-        and b.group_size % 8 == 0
-        and data.stride(2) == 1
-        and data.stride(1) % 4 == 0
-        and data.stride(0) % 4 == 0
-        and data.data_ptr() % 4 == 0
-    )
+    return b.words_fit
 
 
 def permuted_width(k: int, chunk: int) -> int:
