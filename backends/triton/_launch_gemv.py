@@ -60,6 +60,15 @@ def _words_descriptor(words: torch.Tensor, tiles: GemvTiles) -> object:
     return TensorDescriptor.from_tensor(view, [tiles.block_n, tiles.block_k // 8])
 
 
+def _kept_descriptor(b: ExpertMatrix, words: torch.Tensor, tiles: GemvTiles) -> object:
+    """``_words_descriptor(words, tiles)`` of ``b``'s words, built once per block."""
+    block = (tiles.block_n, tiles.block_k)
+    desc = b.descriptors.get(block)
+    if desc is None:
+        desc = b.descriptors[block] = _words_descriptor(words, tiles)
+    return desc
+
+
 def gemv_loop_stages(tiles: GemvTiles, *, tma: bool) -> int | None:
     """The K loop's ``num_stages``: ``tiles.loop_stages``, but None (unpipelined).
 
@@ -186,7 +195,7 @@ def _launch_words(
     if not paired:
         _moe_gemv_words_kernel[grid](*head, *tail, **launch)
         return
-    desc = _words_descriptor(words, tiles) if tma else None
+    desc = _kept_descriptor(b, words, tiles) if tma else None
     _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
 
 
