@@ -90,11 +90,12 @@ class ExpertMatrix:
         )
 
     @functools.cached_property
-    def descriptors(self) -> dict[tuple[int, int], object]:
+    def descriptors(self) -> dict[tuple[int, int], object | None]:
         """Tensor descriptors of ``data`` built so far, by block (``_launch_gemv``).
 
-        Kept, as the facts above are: building one costs about 4 us a launch, and
-        what it describes (the matrix's memory, shape and strides) stays the same.
+        ``None`` for a block ``tma_fit`` refuses. Kept, as the facts above are:
+        building one costs about 4 us a launch, and what it describes (the matrix's
+        memory, shape and strides) stays the same.
         """
         return {}
 

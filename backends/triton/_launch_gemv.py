@@ -60,13 +60,19 @@ def _words_descriptor(words: torch.Tensor, tiles: GemvTiles) -> object:
     return TensorDescriptor.from_tensor(view, [tiles.block_n, tiles.block_k // 8])
 
 
-def _kept_descriptor(b: ExpertMatrix, words: torch.Tensor, tiles: GemvTiles) -> object:
-    """``_words_descriptor(words, tiles)`` of ``b``'s words, built once per block."""
+def _tma_descriptor(
+    b: ExpertMatrix, words: torch.Tensor, tiles: GemvTiles
+) -> object | None:
+    """``_words_descriptor`` of ``b``'s ``words``, ``None`` where ``tma_fit`` refuses.
+
+    Both depend only on the matrix and the block (about 7 us a launch together), so
+    ``b`` keeps the answer per block (``ExpertMatrix.descriptors``).
+    """
     block = (tiles.block_n, tiles.block_k)
-    desc = b.descriptors.get(block)
-    if desc is None:
-        desc = b.descriptors[block] = _words_descriptor(words, tiles)
-    return desc
+    if block not in b.descriptors:
+        fit = tma_fit(b, tiles)
+        b.descriptors[block] = _words_descriptor(words, tiles) if fit else None
+    return b.descriptors[block]
 
 
 def gemv_loop_stages(tiles: GemvTiles, *, tma: bool) -> int | None:
@@ -181,7 +187,9 @@ def _launch_words(
     words = b.data.view(torch.int32)
     pdl = tiles.pdl and pdl_target(a_MK)
     paired = tiles.paired and b.group_size >= 16  # two words a group
-    tma = paired and tiles.tma and tma_target(a_MK) and tma_fit(b, tiles)
+    tma_ok = paired and tiles.tma and tma_target(a_MK)
+    desc = _tma_descriptor(b, words, tiles) if tma_ok else None
+    tma = desc is not None
     launch = {
         "EVEN": k % tiles.block_k == 0, "PREFETCH": tiles.prefetch,
         "LOOP_STAGES": gemv_loop_stages(tiles, tma=tma), "ASM": ptx_target(a_MK),
@@ -195,7 +203,6 @@ def _launch_words(
     if not paired:
         _moe_gemv_words_kernel[grid](*head, *tail, **launch)
         return
-    desc = _kept_descriptor(b, words, tiles) if tma else None
     _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
 
 
