@@ -17,6 +17,7 @@ import torch
 from backends.triton._configs import ceil_div, next_pow2
 from backends.triton._launch import is_interpreting
 from core.config import MoEConfig
+from core.errors import DeviceError
 from core.routing import Routing, TopkRouter, check_routing_inputs, route_topk
 
 MAX_FUSED_EXPERTS: Final = 4096
@@ -63,10 +64,19 @@ def route_topk_fused(
 
     Raises:
         ShapeError, DTypeError, ConfigTypeError: as ``route_topk``.
+        DeviceError: when ``correction_bias`` is not on ``router_logits``' device
+            (torch's ops raise their own error there).
     """
     check_routing_inputs(router_logits_TE, config, correction_bias)
     if not fuses(router_logits_TE, config):
         return route_topk(router_logits_TE, config, correction_bias=correction_bias)
+    if correction_bias is not None:
+        if correction_bias.device != router_logits_TE.device:
+            raise DeviceError(
+                "correction_bias must be on the device of router_logits "
+                f"({router_logits_TE.device}), got {correction_bias.device}"
+            )
+        correction_bias = correction_bias.contiguous()
     from backends.triton._kernels_route import _route_topk_kernel
 
     t, e = router_logits_TE.shape

@@ -15,7 +15,7 @@ import torch
 import backends.triton._route as route_module
 from backends.triton import fused_router_for, route_topk_fused
 from core.config import MoEConfig
-from core.errors import ConfigTypeError, DTypeError, ShapeError
+from core.errors import ConfigTypeError, DeviceError, DTypeError, ShapeError
 from core.routing import Routing, route_topk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -108,6 +108,15 @@ def test_logits_dtypes(dtype: torch.dtype) -> None:
     _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
 
 
+def test_strided_correction_bias() -> None:
+    config = _config(16, 4, scoring_func="sigmoid")
+    logits = _logits(5, 16)
+    gen = torch.Generator().manual_seed(2)
+    bias = torch.randn(32, generator=gen).to(DEVICE)[::2]  # stride 2
+    got = route_topk_fused(logits, config, correction_bias=bias)
+    _assert_same(got, route_topk(logits, config, correction_bias=bias))
+
+
 def test_strided_logits() -> None:
     config = _config(16, 4)
     logits = _logits(16, 12).T  # (12, 16) with strides (1, 12)
@@ -169,6 +178,10 @@ def test_errors_are_route_topk_s() -> None:
     with pytest.raises(ShapeError, match="correction_bias must have shape"):
         route_topk_fused(
             _logits(3, 8), config, correction_bias=torch.zeros(7, device=DEVICE)
+        )
+    with pytest.raises(DeviceError, match="correction_bias must be on the device of"):
+        route_topk_fused(
+            _logits(3, 8), config, correction_bias=torch.zeros(8, device="meta")
         )
     with pytest.raises(ConfigTypeError, match="config must be of type MoEConfig"):
         route_topk_fused(_logits(3, 8), {"num_experts": 8})  # type: ignore[arg-type]  # the wrong type on purpose
