@@ -13,6 +13,7 @@ import importlib.util
 from typing import Final
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from backends.triton._configs import ceil_div, next_pow2
 from backends.triton._launch import is_interpreting
@@ -38,9 +39,11 @@ def fuses(router_logits_TE: torch.Tensor, config: MoEConfig) -> bool:
 
     Not when autograd must see the weights (``router_logits`` requiring grad under
     grad mode): the kernel has no backward, and the router would get no gradient.
-    Nor past ``MAX_FUSED_EXPERTS``, ``MAX_FUSED_TOP_K`` or ``MAX_FUSED_GROUPS``.
+    Not for fake tensors (tracing), which torch's ops handle. Nor past ``MAX_FUSED_EXPERTS``, ``MAX_FUSED_TOP_K`` or ``MAX_FUSED_GROUPS``.
     """
     if torch.is_grad_enabled() and router_logits_TE.requires_grad:
+        return False
+    if is_fake(router_logits_TE):  # traced shapes only: torch's ops make the fakes
         return False
     return (
         config.num_experts <= MAX_FUSED_EXPERTS

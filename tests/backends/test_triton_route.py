@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 
 import backends.triton._route as route_module
 from backends.triton import fused_router_for, route_topk_fused
@@ -151,6 +152,16 @@ def test_gradient_falls_back_to_route_topk() -> None:
     assert grad.abs().sum() > 0
     with torch.no_grad():
         assert got.topk_ids.equal(route_topk(logits, _config(8, 2)).topk_ids)
+
+
+def test_fake_tensors_fall_back_to_route_topk() -> None:
+    config = _config(8, 2)
+    with FakeTensorMode():
+        logits = torch.empty(3, 8, device=DEVICE)
+        assert not route_module.fuses(logits, config)
+        got = route_topk_fused(logits, config)
+    assert got.topk_ids.shape == (3, 2)
+    assert is_fake(got.topk_ids)
 
 
 def test_over_the_unroll_limits_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
