@@ -1,12 +1,13 @@
 """Fused routing: ``core.routing.route_topk`` in one Triton launch.
 
 The torch form of routing is 3 to 15 small kernels (score, bias, group mask, top-k,
-gather, renormalize, scale: 6 for Mixtral, 15 for DeepSeek-V3); on the GPU each is a launch of a few us, and in eager
-mode each costs the host a few us more. ``route_topk_fused`` does the same math in
-one kernel (``_kernels_route.py``) and falls back to ``route_topk`` where it cannot:
-when a gradient must flow through the weights (the kernel has no backward), or for
-more experts, choices or groups than it unrolls (``fuses``). May import core; triton only inside
-functions. Shape legend: ``T`` tokens, ``E`` experts, ``K`` top_k.
+gather, renormalize, scale: 6 for Mixtral, 15 for DeepSeek-V3); on the GPU each is a
+launch of a few us, and in eager mode each costs the host a few us more.
+``route_topk_fused`` does the same math in one kernel (``_kernels_route.py``) and falls
+back to ``route_topk`` where it cannot: when a gradient must flow through the weights
+(the kernel has no backward), for fake tensors, or for more experts, choices or groups
+than it unrolls (``fuses``). May import core; triton only inside functions. Shape
+legend: ``T`` tokens, ``E`` experts, ``K`` top_k.
 """
 
 import importlib.util
