@@ -6,9 +6,9 @@
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
 # pass "bench" or "tests" to run one half per call ("bench-both": the benchmark first with
 # L2 flushed by a write, BENCH_FLUSH=write, its log and results.json kept aside in $OUT,
-# then as "bench"). "quick": bench/probe_routing_sources.py and probe_eager_host.py alone
-# (host times), then four test jobs on what changed since the last full suite (module,
-# routing, the GEMV's bulk copies, graphs and syncs), logs in $OUT. "probes": the
+# then as "bench"). "quick": the module and routing tests, bench/probe_routing_sources.py and
+# probe_eager_host.py alone (host times), then three test jobs on what else changed since
+# the last full suite (the GEMV's bulk copies, graphs and syncs), logs in $OUT. "probes": the
 # prepared probe_mma.py sets instead (PROBE_SET 13: the table with PDL as set and flipped; 14: 64-column tiles with the input through the ring, for
 # Mixtral M = 64; 15: odd K splits, for Mixtral M = 4), logs in $OUT/probe_mma_set*.log.
 # Exit status: non-zero if the benchmark or any test job failed.
@@ -22,14 +22,15 @@ if [ "$mode" = "bench-both" ]; then  # first with L2 flushed by a write, kept as
   tail -1 "$out/bench_flush_write.log"
   mode=bench
 fi
-if [ "$mode" = "quick" ]; then  # the host-time probes alone, then what changed since the full suite
-  timeout 100 python bench/probe_routing_sources.py > "$out/probe_routing_sources.log" 2>&1 || status=1
-  timeout 150 python bench/probe_eager_host.py > "$out/probe_eager_host.log" 2>&1 || status=1
+if [ "$mode" = "quick" ]; then  # what changed since the full suite, and the host-time probes
   quick() {  # name, then pytest arguments
     local name=$1; shift
     timeout 280 python -m pytest -q -p no:cacheprovider "$@" > "$out/quick_$name.log" 2>&1
   }
-  quick modules tests/modules/test_int4_moe_cuda.py tests/backends/test_triton_route.py &
+  quick modules tests/modules/test_int4_moe_cuda.py tests/backends/test_triton_route.py || status=1
+  tail -n 3 "$out/quick_modules.log"
+  timeout 100 python bench/probe_routing_sources.py > "$out/probe_routing_sources.log" 2>&1 || status=1
+  timeout 150 python bench/probe_eager_host.py > "$out/probe_eager_host.log" 2>&1 || status=1
   quick bulk tests/backends/test_triton_gemv_cuda.py -k bulk &
   quick gemv tests/backends/test_triton_gemv_cuda.py -k "cuda_graph or model_shapes or pdl" &
   quick graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
