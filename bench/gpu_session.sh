@@ -6,11 +6,12 @@
 # it kernel compilation): past the device tool's 10-minute limit per call together, so
 # pass "bench" or "tests" to run one half per call ("bench-both": the benchmark first with
 # L2 flushed by a write, BENCH_FLUSH=write, its log and results.json kept aside in $OUT,
-# then as "bench"). "quick": the module and routing tests, bench/probe_routing_sources.py and
-# probe_eager_host.py alone (host times), then three test jobs on what else changed since
-# the last full suite (the GEMV's bulk copies, graphs and syncs), logs in $OUT. "probes": the
-# prepared probe_mma.py sets instead (PROBE_SET 13: the table with PDL as set and flipped; 14: 64-column tiles with the input through the ring, for
-# Mixtral M = 64; 15: odd K splits, for Mixtral M = 4), logs in $OUT/probe_mma_set*.log.
+# then as "bench"). "quick": the module and routing tests, bench/probe_routing_sources.py
+# and probe_eager_host.py alone (host times), then three test jobs on what else changed
+# since the last full suite (the GEMV's bulk copies, graphs and syncs), logs in $OUT.
+# "probes": the prepared probe_mma.py sets instead (PROBE_SET 13: the table with PDL as
+# set and flipped; 14: 64-column tiles with the input through the ring, for Mixtral
+# M = 64; 15: odd K splits, for Mixtral M = 4), logs in $OUT/probe_mma_set*.log.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
