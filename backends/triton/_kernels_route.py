@@ -6,6 +6,7 @@ math as ``core.routing.route_topk``, one program per ``BLOCK_T`` tokens, a token
 
     s = softmax(x) or sigmoid(x)                 # float32, the weights' source
     c = s + bias                                 # the choice (bias: DeepSeek-V3)
+    c = +inf where NaN, max(c, -FLT_MAX)         # torch.topk's order; -inf: no lane
     if GROUPS: keep the TOPK_GROUP best groups of c (max, or sum of the best two),
                others -inf
     TOP_K times: i = argmax(c) (lowest index on ties); ids[k] = i; w[k] = s[i];
@@ -15,6 +16,9 @@ math as ``core.routing.route_topk``, one program per ``BLOCK_T`` tokens, a token
 
 import triton
 import triton.language as tl
+
+_LOWEST: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
+"""-FLT_MAX: the floor of a real lane's choice (padded and taken lanes are -inf)."""
 
 
 @triton.jit
@@ -61,7 +65,7 @@ def _route_topk_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     x = tl.load(
         logits_ptr
         + offs_t.to(tl.int64)[:, None] * stride_lt
-        + offs_e[None, :] * stride_le,
+        + offs_e.to(tl.int64)[None, :] * stride_le,
         mask=lanes,
         other=0.0,
     ).to(tl.float32)
@@ -76,6 +80,12 @@ def _route_topk_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_e, mask=e_mask, other=0.0).to(tl.float32)
         choice = scores + bias[None, :]
+    # The order torch.topk gives: NaN above every number. Real lanes are kept above
+    # -inf (at -FLT_MAX or more), so padded lanes, lanes of dropped groups and lanes
+    # already taken (all -inf) are never chosen before them: ids stay distinct and
+    # below E whatever the logits (inf - inf is NaN under softmax).
+    choice = tl.where(choice != choice, float("inf"), choice)
+    choice = tl.maximum(choice, _LOWEST)
     choice = tl.where(e_mask[None, :], choice, neg_inf)
     if GROUPS > 0:
         gid = offs_e // group_size  # padded lanes fall past the last group
@@ -87,6 +97,8 @@ def _route_topk_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
             if TOP2_SUM:
                 second = tl.where(_argmax_hit(vals, offs_e), neg_inf, vals)
                 best = best + tl.max(second, axis=1)
+            # -FLT_MAX + -FLT_MAX is -inf: a real group stays above padded lanes.
+            best = tl.maximum(best, _LOWEST)
             lane_score = tl.where(in_g, best[:, None], lane_score)
         keep = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int1)
         for _ in tl.static_range(TOPK_GROUP):

@@ -140,6 +140,58 @@ def test_exact_ties_take_the_lower_id() -> None:
     assert got.topk_ids.tolist() == [[0, 1, 2], [5, 0, 1]]
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+# The interpreter computes in numpy, which warns at inf - inf: the very case tested.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize(
+    ("e", "k", "row", "options"),
+    [
+        (3, 2, [NAN, 0.0, 1.0], {}),  # softmax: one NaN makes the row NaN
+        (60, 4, [NAN] + [0.5] * 59, {}),  # not a power of two: padded lanes exist
+        (8, 3, [0.0, INF, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0], {}),  # inf - inf is NaN
+        (5, 2, [NAN] * 5, {"scoring_func": "sigmoid"}),
+        (6, 2, [0.0, NAN, 1.0, -INF, 2.0, 0.0], {"scoring_func": "sigmoid"}),
+        (
+            6,
+            2,
+            [NAN, 0.0, 1.0, 2.0, -INF, -INF],
+            {"num_expert_group": 3, "topk_group": 1, "group_score": "top2_sum"},
+        ),
+        (
+            12,
+            4,
+            [-INF] * 12,
+            {"scoring_func": "sigmoid", "num_expert_group": 4, "topk_group": 2},
+        ),
+    ],
+)
+def test_non_finite_logits_give_distinct_ids_below_e(
+    e: int, k: int, row: list[float], options: dict[str, Any]
+) -> None:
+    # Ids index the weights: whatever the logits, each is one of the E experts, once.
+    # NaN ranks above every number, as in torch.topk.
+    config = _config(e, k, **options)
+    logits = torch.tensor([row, row[::-1]], device=DEVICE)
+    ids = route_topk_fused(logits, config).topk_ids
+    assert ids.min() >= 0
+    assert ids.max() < e
+    assert all(len(set(r)) == k for r in ids.tolist())
+    nan_lanes = [i for i, v in enumerate(row) if v != v]
+    if nan_lanes and options.get("scoring_func") == "sigmoid":
+        assert ids[0, 0].item() == nan_lanes[0]
+
+
+def test_minus_inf_bias_gives_distinct_ids() -> None:
+    config = _config(8, 3, scoring_func="sigmoid")
+    bias = torch.full((8,), -INF, device=DEVICE)
+    ids = route_topk_fused(_logits(4, 8), config, correction_bias=bias).topk_ids
+    assert ids.min() >= 0
+    assert ids.max() < 8
+    assert all(len(set(r)) == 3 for r in ids.tolist())
+
+
 def test_no_tokens() -> None:
     got = route_topk_fused(_logits(0, 8), _config(8, 2))
     assert got.topk_ids.shape == got.topk_weights.shape == (0, 2)
