@@ -62,9 +62,12 @@ def route_topk_fused(
     """``route_topk`` (every option of ``config``) in one Triton launch.
 
     The same checks, errors and results as ``route_topk``: float32 weights and int64
-    ids, the experts in descending order of choice. A near-tie (two choices within
-    float32 rounding) may be broken the other way; an exact tie takes the lower
-    expert id. Falls back to ``route_topk`` where ``fuses`` says no.
+    ids, the experts in descending order of choice. An exact tie takes the lower
+    expert id (torch's order is unspecified there) and a near-tie (two choices within
+    float32 rounding) may go either way: at the K-th place or between groups, that
+    changes the experts chosen. NaN ranks above every number, as in ``torch.topk``;
+    whatever the logits, the ids are K distinct experts below E. Falls back to
+    ``route_topk`` where ``fuses`` says no.
 
     Raises:
         ShapeError, DTypeError, ConfigTypeError: as ``route_topk``.
