@@ -249,7 +249,7 @@ CASES = (
     Case(128, 8, 2048, 768, (1, 16), int4=False, dtype=torch.float16),
 )
 QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10))  # every kernel, fewer forms
-ROUTES = (  # route_topk_fused: Mixtral, Qwen3 (no renormalization), DeepSeek-V3
+ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the most
     (MoEConfig(num_experts=8, top_k=2, hidden_size=8, intermediate_size=8), False),
     (
         MoEConfig(
@@ -266,6 +266,14 @@ ROUTES = (  # route_topk_fused: Mixtral, Qwen3 (no renormalization), DeepSeek-V3
         ),
         True,
     ),
+    (
+        MoEConfig(num_experts=512, top_k=10, hidden_size=8, intermediate_size=8),
+        False,
+    ),  # Qwen3-Next
+    (
+        MoEConfig(num_experts=1024, top_k=8, hidden_size=8, intermediate_size=8),
+        False,
+    ),  # MAX_FUSED_EXPERTS
 )  # fmt: skip
 """Routing configurations and whether they carry a correction bias."""
 

@@ -22,8 +22,12 @@ from core.config import MoEConfig
 from core.errors import DeviceError
 from core.routing import Routing, TopkRouter, check_routing_inputs, route_topk
 
-MAX_FUSED_EXPERTS: Final = 4096
-"""Most experts one kernel program holds (a token's logits live in registers)."""
+MAX_FUSED_EXPERTS: Final = 1024
+"""Most experts one kernel program holds (a token's logits live in registers).
+
+Twice the most of any public MoE (512, Qwen3-Next); ``bench/compile_launches.py``
+compiles the kernel at this size.
+"""
 
 MAX_FUSED_TOP_K: Final = 64
 """Most choices a token makes in the kernel (its top-k loop is unrolled)."""
@@ -31,8 +35,12 @@ MAX_FUSED_TOP_K: Final = 64
 MAX_FUSED_GROUPS: Final = 64
 """Most expert groups of grouped top-k in the kernel (its group loop is unrolled)."""
 
-_ELEMENTS_PER_PROGRAM: Final = 4096
-"""Tokens per program: as many as keep ``BLOCK_T * BLOCK_E`` at this (4 warps)."""
+_ELEMENTS_PER_PROGRAM: Final = 2048
+"""Tokens per program: as many as keep ``BLOCK_T * BLOCK_E`` at this (4 warps).
+
+Offline sm_90 (Triton 3.7): 4096 took 254-255 registers at 128 and 256 experts, 2048
+about half; not timed on a GPU.
+"""
 
 
 def fuses(router_logits_TE: torch.Tensor, config: MoEConfig) -> bool:
@@ -40,7 +48,8 @@ def fuses(router_logits_TE: torch.Tensor, config: MoEConfig) -> bool:
 
     Not when autograd must see the weights (``router_logits`` requiring grad under
     grad mode): the kernel has no backward, and the router would get no gradient.
-    Not for fake tensors (tracing), which torch's ops handle. Nor past ``MAX_FUSED_EXPERTS``, ``MAX_FUSED_TOP_K`` or ``MAX_FUSED_GROUPS``.
+    Not for fake tensors (tracing), which torch's ops handle. Nor past
+    ``MAX_FUSED_EXPERTS``, ``MAX_FUSED_TOP_K`` or ``MAX_FUSED_GROUPS``.
     """
     if torch.is_grad_enabled() and router_logits_TE.requires_grad:
         return False

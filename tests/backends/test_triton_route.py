@@ -126,7 +126,7 @@ def test_strided_logits() -> None:
 
 
 def test_many_programs() -> None:
-    # 256 experts: 16 tokens a program, so 50 tokens take four programs.
+    # 256 experts: 8 tokens a program, so 50 tokens take seven programs.
     config = _config(256, 8, scoring_func="sigmoid", num_expert_group=8, topk_group=4)
     logits = _logits(50, 256)
     _assert_same(route_topk_fused(logits, config), route_topk(logits, config))
