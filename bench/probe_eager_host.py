@@ -25,14 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import triton
 import triton.language as tl
+from probe_routing_sources import random_layer
 
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix
 from core.config import MoEConfig
-from core.quantize import quantize_expert_weights
 from core.routing import Routing
-from core.scheme import INT4_SYM_G128
-from modules import Int4MoE
 
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}
 
@@ -70,16 +68,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     for name, (e, k, d, f) in SHAPES.items():
         cfg = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-        q = quantize_expert_weights(
-            torch.randn(e, 2 * f, d, generator=gen) * 0.02,
-            torch.randn(e, d, f, generator=gen) * 0.02,
-            INT4_SYM_G128,
-            scale_dtype=torch.bfloat16,
-        )
-        moe = Int4MoE.from_quantized(
-            q, config=cfg, gate_weight=torch.randn(e, d, generator=gen) * 0.02,
-            backend="triton-w4a16",
-        ).cuda()  # fmt: skip
+        moe = random_layer(cfg, gen)
         w13 = ExpertMatrix(data=moe.w13_qdata, scale=moe.w13_scale, group_size=128)
         w2 = ExpertMatrix(data=moe.w2_qdata, scale=moe.w2_scale, group_size=128)
         for m in (1, 4, 16):

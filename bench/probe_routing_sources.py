@@ -57,19 +57,25 @@ def _torch_router(device: torch.device) -> TopkRouter:
     return route_topk
 
 
-def main() -> None:
-    gen = torch.Generator().manual_seed(0)
-    cfg = MoEConfig(num_experts=E, top_k=K, hidden_size=D, intermediate_size=F)
+def random_layer(cfg: MoEConfig, gen: torch.Generator) -> Int4MoE:
+    """A CUDA ``Int4MoE`` (``triton-w4a16``) of random int4 experts and router."""
+    e, d, f = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     q = quantize_expert_weights(
-        torch.randn(E, 2 * F, D, generator=gen) * 0.02,
-        torch.randn(E, D, F, generator=gen) * 0.02,
+        torch.randn(e, 2 * f, d, generator=gen) * 0.02,
+        torch.randn(e, d, f, generator=gen) * 0.02,
         INT4_SYM_G128,
         scale_dtype=torch.bfloat16,
     )
-    moe = Int4MoE.from_quantized(
-        q, config=cfg, gate_weight=torch.randn(E, D, generator=gen) * 0.02,
+    return Int4MoE.from_quantized(
+        q, config=cfg, gate_weight=torch.randn(e, d, generator=gen) * 0.02,
         backend="triton-w4a16",
     ).cuda()  # fmt: skip
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    cfg = MoEConfig(num_experts=E, top_k=K, hidden_size=D, intermediate_size=F)
+    moe = random_layer(cfg, gen)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     print("M    source         eager us   graph us")
     for m in (1, 4, 16):
