@@ -10,6 +10,7 @@ than it unrolls (``fuses``). May import core; triton only inside functions. Shap
 legend: ``T`` tokens, ``E`` experts, ``K`` top_k.
 """
 
+import functools
 import importlib.util
 from typing import Final
 
@@ -139,6 +140,10 @@ def fused_router_for(device: torch.device) -> TopkRouter:
     slower than torch's CPU ops.
     """
     compiled = device.type == "cuda" and not is_interpreting()
-    if compiled and importlib.util.find_spec("triton") is not None:
-        return route_topk_fused
-    return route_topk
+    return route_topk_fused if compiled and _triton_installed() else route_topk
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether triton can be imported; asked once (``fused_router_for`` runs every call)."""
+    return importlib.util.find_spec("triton") is not None
