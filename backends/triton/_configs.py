@@ -139,6 +139,10 @@ the in-register GEMM still won (2.6 vs 3.9 ms), and at 128 (DeepSeek-V3, M = 409
 two tied (20.8 vs 20.0 ms)."""
 DEQUANT_SCRATCH_BYTES: Final = 1 << 30
 """Bound of that path's 16-bit scratch buffer; it always holds at least one expert."""
+DEQUANT_BLOCK_R: Final = 64
+DEQUANT_BLOCK_K: Final = 128
+DEQUANT_WARPS: Final = 4
+"""That path's dequant kernel: tiles of rows x columns (powers of two), warps."""
 
 
 def next_pow2(x: int) -> int:

@@ -17,7 +17,13 @@ import attrs
 import torch
 
 from backends.triton._align import BlockAlignment
-from backends.triton._configs import ceil_div, next_pow2
+from backends.triton._configs import (
+    DEQUANT_BLOCK_K,
+    DEQUANT_BLOCK_R,
+    DEQUANT_WARPS,
+    ceil_div,
+    next_pow2,
+)
 from backends.triton._tiles import GemmTiles
 from core.config import MoEConfig
 from core.routing import Routing
@@ -451,16 +457,41 @@ def launch_activate(
     )
 
 
-def dequantize_experts(b: ExpertMatrix, lo: int, hi: int, out: torch.Tensor) -> None:
-    """Write experts ``lo .. hi-1`` of int4 ``b`` into ``out`` ``(hi-lo, rows, cols)``."""
+def dequantize_experts(
+    b: ExpertMatrix,
+    lo: int,
+    hi: int,
+    out: torch.Tensor,
+    *,
+    block_r: int | None = None,
+    block_k: int | None = None,
+    num_warps: int | None = None,
+    words: bool | None = None,
+) -> None:
+    """Write experts ``lo .. hi-1`` of int4 ``b`` into ``out`` ``(hi-lo, rows, cols)``.
+
+    Tiles of ``block_r`` rows by ``block_k`` columns (powers of two; defaults
+    ``DEQUANT_BLOCK_R``, ``DEQUANT_BLOCK_K``, ``DEQUANT_WARPS``), in the interpreter
+    16 x 64; a tile spans several scale groups or lies in one. ``words`` (default:
+    ``b.words_fit``) reads whole int32 words, dequantized by inline PTX on a CUDA
+    GPU where the scales have the output's dtype (else in float32, as the byte form).
+    """
+    import triton.language as tl
+
     from backends.triton._kernels_dequant import _dequant_kernel
 
     assert b.scale is not None
     rows, cols = int(b.data.shape[1]), 2 * int(b.data.shape[2])
     group = b.group_size
-    block_k = 128 if group == cols else min(128, group)
+    small = is_interpreting()
+    block_r = block_r or (16 if small else DEQUANT_BLOCK_R)
+    block_k = min(block_k or (64 if small else DEQUANT_BLOCK_K), next_pow2(cols))
+    sub = block_k if group == cols else min(group, block_k)
     zero = b.zero_point if b.zero_point is not None else b.scale
-    grid = (ceil_div((hi - lo) * rows, 64), ceil_div(cols, block_k))
+    words = words if words is not None else b.words_fit
+    asm = words and ptx_target(out) and b.scale.dtype == out.dtype
+    col_tiles = ceil_div(cols, block_k)
+    grid = (ceil_div((hi - lo) * rows, block_r) * col_tiles,)
     _dequant_kernel[grid](  # rows of experts lo..hi-1 flattened (contiguous views)
         b.data[lo:hi].contiguous(),
         b.scale[lo:hi].contiguous(),
@@ -471,9 +502,14 @@ def dequantize_experts(b: ExpertMatrix, lo: int, hi: int, out: torch.Tensor) -> 
         b.data.shape[2],
         b.scale.shape[2],
         out.stride(1),
+        col_tiles,
         GROUP=group,
+        SUB=sub,
         HAS_ZP=b.zero_point is not None,
-        BLOCK_R=64,
+        BLOCK_R=block_r,
         BLOCK_K=block_k,
-        num_warps=4,
+        WORDS=words,
+        ASM=asm,
+        CT=_operand_dtype(out.dtype) if asm else tl.float32,
+        num_warps=num_warps or DEQUANT_WARPS,
     )

@@ -10,7 +10,9 @@ import torch
 import backends.triton._configs as configs
 from backends.triton import TritonW4A16Backend
 from backends.triton._fused import Path, fused_moe, use_dequant
+from backends.triton._launch import dequantize_experts
 from core.config import Activation, MoEConfig
+from core.quantize import dequantize_expert
 from core.scheme import Int4Scheme
 from tests.backends.triton_cuda_cases import (
     SCHEMES,
@@ -106,3 +108,44 @@ def test_dequant_cuda_graph_and_no_host_sync(monkeypatch: pytest.MonkeyPatch) ->
 
     run_without_host_sync(forward)
     check_graph_replays(forward, hidden_TD, routing, weights, config)
+
+
+@pytest.mark.parametrize("tiles", [(64, 128, 4), (16, 512, 4), (8, 1024, 8)], ids=str)
+@pytest.mark.parametrize("words", [False, True], ids=["bytes", "words"])
+@pytest.mark.parametrize(
+    "scale_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str
+)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[9]], ids=str)
+def test_dequant_kernel_is_exact_for_every_scale_and_output_dtype(
+    scheme: Int4Scheme,
+    out_dtype: torch.dtype,
+    scale_dtype: torch.dtype,
+    words: bool,
+    tiles: tuple[int, int, int],
+) -> None:
+    """The kernel compiled: words by inline PTX in the output's dtype where the scales
+    have it, else in float32, and bytes; each bit-exact against core's float32
+    dequant rounded once to the output dtype, on w13 and w2 of a chunk past expert 0
+    (K = 384 and 256: tails of the 512- and 1024-column tiles, groups of 32 to a row)."""
+    config = MoEConfig(num_experts=4, top_k=1, hidden_size=384, intermediate_size=256)
+    weights = int4_weights(
+        config, scheme, scale_dtype, torch.Generator().manual_seed(5)
+    )
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=out_dtype)
+    block_r, block_k, warps = tiles
+    for index, b in enumerate((prepared.w13, prepared.w2)):
+        assert b.scale is not None
+        assert b.scale.dtype == scale_dtype
+        assert b.words_fit
+        shape = (3, int(b.data.shape[1]), 2 * int(b.data.shape[2]))
+        out = torch.full(shape, float("nan"), dtype=out_dtype, device="cuda")
+        dequantize_experts(
+            b, 1, 4, out, block_r=block_r, block_k=block_k, num_warps=warps,
+            words=words,
+        )  # fmt: skip
+        for e in range(1, 4):
+            want = dequantize_expert(weights, e, dtype=torch.float32)[index]
+            torch.testing.assert_close(
+                out[e - 1], want.to(out_dtype), rtol=0.0, atol=0.0
+            )

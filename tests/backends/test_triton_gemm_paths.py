@@ -371,6 +371,38 @@ def test_dequant_kernel_on_groups_wider_than_its_column_tile(
         torch.testing.assert_close(out[0], want, rtol=0.0, atol=0.0)
 
 
+@pytest.mark.parametrize(
+    ("block_r", "block_k"), [(16, 64), (128, 256), (32, 512), (8, 1024)]
+)
+@pytest.mark.parametrize("group", [32, 128, -1])
+@pytest.mark.parametrize("words", [False, True], ids=["bytes", "words"])
+def test_dequant_kernel_tiles_of_several_groups_and_tails(
+    words: bool, group: int, block_r: int, block_k: int, generator: torch.Generator
+) -> None:
+    """The dequant kernel's tiles as the GPU takes them: up to 32 scale groups a tile
+    (group 32 in 1024 columns), a column tile wider than the row (w2's K = 224 or 256
+    in 512 or 1024), rows not a multiple of the tile (3 x 448 w13 rows in 128-row
+    tiles) and a chunk that starts past expert 0; read as bytes and as int32 words.
+    Bit-exact against core's float32 dequant."""
+    d, f = 384, 256 if group == 128 else 224
+    scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=group)
+    weights = quantize_expert_weights(
+        torch.randn(4, 2 * f, d, generator=generator),
+        torch.randn(4, d, f, generator=generator),
+        scheme,
+        scale_dtype=torch.float32,
+    )
+    config = MoEConfig(num_experts=4, top_k=1, hidden_size=d, intermediate_size=f)
+    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    for index, b in enumerate((prepared.w13, prepared.w2)):
+        out = torch.full((3, *b.data.shape[1:2], 2 * b.data.shape[2]), float("nan"))
+        assert b.words_fit
+        dequantize_experts(b, 1, 4, out, block_r=block_r, block_k=block_k, words=words)
+        for e in range(1, 4):
+            want = dequantize_expert(weights, e, dtype=torch.float32)[index]
+            torch.testing.assert_close(out[e - 1], want, rtol=0.0, atol=0.0)
+
+
 def test_dequant_scratch_stays_within_its_byte_bound(
     generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
