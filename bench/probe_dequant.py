@@ -17,6 +17,7 @@ L2 may still hold when the GEMM reads them).
 # A GPU script, not library code: print is its output, triton is needed at import.
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,15 @@ VARIANTS: list[Variant] = [
         if 8 * 32 * w <= r * k <= 128 * 32 * w  # 8 to 128 codes a thread
     ),
 ]
+
+
+FEW: list[Variant] = [
+    BEFORE, (16, 512, 4, False), (64, 128, 4, True), (8, 512, 4, True),
+    (4, 1024, 4, True), (16, 256, 4, True), (32, 128, 8, True), (4, 512, 2, True),
+]  # fmt: skip
+"""``PROBE_FEW=1``: these only (the best of an H100's full sweep and the tiles before)."""
+if os.environ.get("PROBE_FEW"):
+    VARIANTS = FEW
 
 
 def time_ms(fn: Callable[[], object]) -> float:
