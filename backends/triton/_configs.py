@@ -143,9 +143,10 @@ DEQUANT_BLOCK_R: Final = 64
 DEQUANT_BLOCK_K: Final = 128
 DEQUANT_WARPS: Final = 4
 """That path's dequant kernel: tiles of rows x columns (powers of two), warps. On an
-H100 (``bench/probe_dequant.py``, 2026-12-05) every 4-warp tile of 8-128 codes a
-thread wrote at 0.93-0.96 of the copy rate, bytes or words: the tile the kernel had
-before stays. Not yet measured on the H200."""
+H100 (``bench/probe_dequant.py``, 2026-12-05) this tile wrote at 0.93-0.95 of the
+copy rate as bytes and as words, the best tile of each matrix 1-3% faster (a different
+one each), tiles of 8-16 or 128 codes a thread up to 30% slower: the tile the kernel
+had before stays. Not yet measured on the H200."""
 
 
 def next_pow2(x: int) -> int:
