@@ -488,7 +488,10 @@ def dequantize_experts(
     block_k = min(block_k or (64 if small else DEQUANT_BLOCK_K), next_pow2(cols))
     sub = block_k if group == cols else min(group, block_k)
     zero = b.zero_point if b.zero_point is not None else b.scale
-    words = words if words is not None else b.words_fit
+    if words and not b.words_fit:
+        msg = "words=True needs int4 rows of whole int32 words (ExpertMatrix.words_fit)"
+        raise ValueError(msg)
+    words = b.words_fit if words is None else words
     asm = words and ptx_target(out) and b.scale.dtype == out.dtype
     col_tiles = ceil_div(cols, block_k)
     grid = (ceil_div((hi - lo) * rows, block_r) * col_tiles,)

@@ -403,6 +403,30 @@ def test_dequant_kernel_tiles_of_several_groups_and_tails(
             torch.testing.assert_close(out[e - 1], want, rtol=0.0, atol=0.0)
 
 
+def test_dequant_kernel_reads_words_only_where_they_fit(
+    generator: torch.Generator,
+) -> None:
+    """A w2 of K = 100 (50 bytes a row, not whole int32 words): ``words=True`` is
+    refused by name; by default it reads bytes, bit-exact."""
+    d, f = 256, 100
+    scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1)
+    weights = quantize_expert_weights(
+        torch.randn(1, 2 * f, d, generator=generator),
+        torch.randn(1, d, f, generator=generator),
+        scheme,
+        scale_dtype=torch.float32,
+    )
+    config = MoEConfig(num_experts=1, top_k=1, hidden_size=d, intermediate_size=f)
+    w2 = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16).w2
+    assert not w2.words_fit
+    out = torch.empty(1, d, f)
+    with pytest.raises(ValueError, match="words=True needs int4 rows of whole"):
+        dequantize_experts(w2, 0, 1, out, words=True)
+    dequantize_experts(w2, 0, 1, out)
+    want = dequantize_expert(weights, 0, dtype=torch.float32)[1]
+    torch.testing.assert_close(out[0], want, rtol=0.0, atol=0.0)
+
+
 def test_dequant_scratch_stays_within_its_byte_bound(
     generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
