@@ -18,6 +18,7 @@ from backends.triton import (
     EmulationMemoryWarning,
     TritonEmulationBackend,
     TritonW4A16Backend,
+    TritonW4A16Prepared,
 )
 from backends.triton._fused import Path, _dequant_scratch, fused_moe
 from backends.triton._launch import ExpertMatrix, dequantize_experts, ptx_target
@@ -28,6 +29,7 @@ from core.quantize import dequantize_expert, quantize_expert_weights
 from core.reference import moe_forward_reference
 from core.routing import Routing, route_topk
 from core.scheme import Int4Mapping, Int4Scheme
+from core.weights import QuantizedExpertWeights
 from tests.backends.triton_interpreter_cases import (
     GEMV_CASES,
     INTERPRETER_ONLY,
@@ -346,6 +348,20 @@ def test_swigluoai_clamps_gate_and_up_past_the_limit(
     check_w4a16(weights, config, hidden_TD, routing, path=path)
 
 
+def _random_prepared(
+    e: int, d: int, f: int, scheme: Int4Scheme, generator: torch.Generator
+) -> tuple[QuantizedExpertWeights, TritonW4A16Prepared]:
+    """``e`` random experts quantized (float32 scales) and prepared for triton-w4a16."""
+    weights = quantize_expert_weights(
+        torch.randn(e, 2 * f, d, generator=generator),
+        torch.randn(e, d, f, generator=generator),
+        scheme,
+        scale_dtype=torch.float32,
+    )
+    config = MoEConfig(num_experts=e, top_k=1, hidden_size=d, intermediate_size=f)
+    return weights, TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+
+
 @pytest.mark.parametrize("group", [32, 256, -1])
 @pytest.mark.parametrize("mapping", list(Int4Mapping), ids=lambda m: m.name)
 def test_dequant_kernel_on_groups_wider_than_its_column_tile(
@@ -354,16 +370,8 @@ def test_dequant_kernel_on_groups_wider_than_its_column_tile(
     """The dequant path's kernel on K = 512: a group of 256 spans two 128-column tiles,
     each of which must read its own group's scales (the interpreter cases have groups
     of 32 and whole rows of <= 128 only). Bit-exact against core's float32 dequant."""
-    d, f = 512, 256
     scheme = Int4Scheme(mapping=mapping, group_size=group)
-    weights = quantize_expert_weights(
-        torch.randn(1, 2 * f, d, generator=generator),
-        torch.randn(1, d, f, generator=generator),
-        scheme,
-        scale_dtype=torch.float32,
-    )
-    config = MoEConfig(num_experts=1, top_k=1, hidden_size=d, intermediate_size=f)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    weights, prepared = _random_prepared(1, 512, 256, scheme, generator)
     expected = dequantize_expert(weights, 0, dtype=torch.float32)
     for b, want in zip((prepared.w13, prepared.w2), expected, strict=True):
         out = torch.empty(1, *want.shape)
@@ -384,16 +392,9 @@ def test_dequant_kernel_tiles_of_several_groups_and_tails(
     in 512 or 1024), rows not a multiple of the tile (3 x 448 w13 rows in 128-row
     tiles) and a chunk that starts past expert 0; read as bytes and as int32 words.
     Bit-exact against core's float32 dequant."""
-    d, f = 384, 256 if group == 128 else 224
     scheme = Int4Scheme(mapping=Int4Mapping.ASYMMETRIC, group_size=group)
-    weights = quantize_expert_weights(
-        torch.randn(4, 2 * f, d, generator=generator),
-        torch.randn(4, d, f, generator=generator),
-        scheme,
-        scale_dtype=torch.float32,
-    )
-    config = MoEConfig(num_experts=4, top_k=1, hidden_size=d, intermediate_size=f)
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
+    f = 256 if group == 128 else 224
+    weights, prepared = _random_prepared(4, 384, f, scheme, generator)
     for index, b in enumerate((prepared.w13, prepared.w2)):
         out = torch.full((3, *b.data.shape[1:2], 2 * b.data.shape[2]), float("nan"))
         assert b.words_fit
@@ -408,18 +409,11 @@ def test_dequant_kernel_reads_words_only_where_they_fit(
 ) -> None:
     """A w2 of K = 100 (50 bytes a row, not whole int32 words): ``words=True`` is
     refused by name; by default it reads bytes, bit-exact."""
-    d, f = 256, 100
     scheme = Int4Scheme(mapping=Int4Mapping.SYMMETRIC, group_size=-1)
-    weights = quantize_expert_weights(
-        torch.randn(1, 2 * f, d, generator=generator),
-        torch.randn(1, d, f, generator=generator),
-        scheme,
-        scale_dtype=torch.float32,
-    )
-    config = MoEConfig(num_experts=1, top_k=1, hidden_size=d, intermediate_size=f)
-    w2 = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16).w2
+    weights, prepared = _random_prepared(1, 256, 100, scheme, generator)
+    w2 = prepared.w2
     assert not w2.words_fit
-    out = torch.empty(1, d, f)
+    out = torch.empty(1, 256, 100)
     with pytest.raises(ValueError, match="words=True needs int4 rows of whole"):
         dequantize_experts(w2, 0, 1, out, words=True)
     dequantize_experts(w2, 0, 1, out)
