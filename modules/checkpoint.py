@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, DTypeError, ShapeError
 from core.formats import (
     Int4Projection,
     assemble_experts,
@@ -235,8 +235,8 @@ def _names_of(
 ) -> tuple[list[str], list[str]]:
     """(names to read, missing names) for these projection keys."""
     required, optional = SUFFIXES[opts.format]
-    if opts.format == "compressed-tensors" and opts.symmetric is False:
-        required += ("weight_zero_point",)
+    if opts.symmetric is False and opts.format in ("compressed-tensors", "gptq"):
+        required += ("weight_zero_point",) if opts.format != "gptq" else ("qzeros",)
     wanted: list[str] = []
     missing: list[str] = []
     for key in keys:
@@ -296,7 +296,8 @@ def load_experts(
     src = _open_source(source, device)
     if quantization_config is None:
         quantization_config = read_quantization_config(source)
-    base = _join(prefix.rstrip("."), "experts") + "."
+    prefix = prefix.rstrip(".")  # the experts' and the router's names alike
+    base = _join(prefix, "experts") + "."
     rel = {n[len(base) :] for n in src.names if n.startswith(base)}
     if not rel:
         raise ConfigError(f"prefix {prefix!r}: " + _missing_experts(base, src.names))
@@ -327,7 +328,7 @@ def load_experts(
     bias_name = _correction_bias_name(prefix, src.names)
     router = [n for n in (gate_name, bias_name) if n is not None and n in src.names]
     tensors = src.read([base + n for n in wanted] + router)
-    weights = _assemble(plan, opts, {n: tensors[base + n] for n in wanted})
+    weights = _assemble(plan, opts, {n: tensors[base + n] for n in wanted}, base)
     _check_sizes(weights, config)
     return LoadedExperts(
         weights=weights,
@@ -377,16 +378,9 @@ def _canonical(
     tensors = src.read([base + n for n in rel] + router)
     t = {n: tensors[base + n] for n in rel}
     zero = t.get("w13_zero_point")
-    groups = int(t["w13_scale"].shape[-1])
-    d = config.hidden_size
-    if groups < 1 or d % groups:
-        raise ConfigError(
-            f"{base}w13_scale must hold a number of groups dividing hidden_size={d}, "
-            f"got {groups}"
-        )
     scheme = Int4Scheme(
         mapping=Int4Mapping.SYMMETRIC if zero is None else Int4Mapping.ASYMMETRIC,
-        group_size=-1 if groups == 1 else d // groups,
+        group_size=_own_group_size(t, base),
     )
     weights = QuantizedExpertWeights.from_tensors(t, scheme)
     _check_sizes(weights, config)
@@ -406,6 +400,35 @@ def _canonical(
         e_score_correction_bias=bias,
         format="int4-moe",
     )
+
+
+def _own_group_size(t: Mapping[str, torch.Tensor], base: str) -> int:
+    """The group size of int4-moe's own tensors, from both scales' group counts.
+
+    Each projection's K is its codes' (two a byte). ``-1`` only when both hold one
+    group a row: with ``G = hidden_size`` and a larger ``intermediate_size``, w13 has
+    one group a row and w2 several.
+    """
+    found: dict[str, tuple[int, int]] = {}  # scale name: (K, groups)
+    for proj in ("w13", "w2"):
+        name = f"{proj}_scale"
+        k = 2 * int(t[f"{proj}_qdata"].shape[-1])
+        groups = int(t[name].shape[-1]) if t[name].ndim else 0
+        if groups < 1 or k % groups:
+            raise ConfigError(
+                f"{base}{name} must hold a number of groups dividing its K={k}, "
+                f"got {groups}"
+            )
+        found[name] = (k, groups)
+    (k13, g13), (k2, g2) = found["w13_scale"], found["w2_scale"]
+    if g13 == g2 == 1:
+        return -1
+    if k13 // g13 != k2 // g2:
+        raise ConfigError(
+            f"{base}w13_scale and {base}w2_scale must share one group size, got "
+            f"{k13}/{g13} and {k2}/{g2} columns a group"
+        )
+    return k13 // g13
 
 
 def _correction_bias_name(prefix: str, names: frozenset[str]) -> str | None:
@@ -430,7 +453,10 @@ def _correction_bias_name(prefix: str, names: frozenset[str]) -> str | None:
 
 
 def _assemble(
-    plan: dict[str, list[str]], opts: FormatOptions, tensors: Mapping[str, torch.Tensor]
+    plan: dict[str, list[str]],
+    opts: FormatOptions,
+    tensors: Mapping[str, torch.Tensor],
+    base: str,
 ) -> QuantizedExpertWeights:
     def role(name: str) -> Int4Projection:
         projections = []
@@ -440,7 +466,10 @@ def _assemble(
                 for n, t in tensors.items()
                 if n.startswith(key + ".")
             }
-            projections.append(import_projection(opts, local))
+            try:
+                projections.append(import_projection(opts, local))
+            except (ShapeError, DTypeError, ConfigError) as error:
+                raise type(error)(f"{base}{key}: {error}") from error
         return (
             projections[0]
             if len(projections) == 1 and "." not in plan[name][0]

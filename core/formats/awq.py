@@ -15,6 +15,7 @@ from core.errors import ShapeError
 from core.formats.projection import (
     Int4Projection,
     check_int32,
+    check_leading,
     check_ndim,
     group_size_of,
     make_projection,
@@ -57,6 +58,8 @@ def from_awq(
             f"scales must be (K/G, N) with N = 8 * qweight.shape[-1] = "
             f"{codes_KN.shape[-1]}, got {tuple(scales.shape)}"
         )
+    check_leading("scales", scales, "qweight", qweight)
+    check_leading("qzeros", qzeros, "qweight", qweight)
     stored = int(scales.shape[-2])
     group = group_size_of("scales", k, stored, declared=group_size)
     zeros_SN = unpack_words(qzeros, AWQ_UNPACK_ORDER)

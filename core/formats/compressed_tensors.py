@@ -12,12 +12,13 @@ Shape legend: ``N`` out, ``K`` in, ``G`` groups, ``W`` words. Imports torch and 
 import torch
 import torch.nn.functional as F
 
-from core.errors import DTypeError, ShapeError
+from core.errors import ConfigError, DTypeError, ShapeError
 from core.formats.experts import split_experts
 from core.formats.projection import (
     NIBBLES_PER_WORD,
     Int4Projection,
     check_int32,
+    check_leading,
     check_ndim,
     make_projection,
     pack_words,
@@ -77,6 +78,11 @@ def from_compressed_tensors(
     if weight_scale.ndim != weight_packed.ndim or weight_scale.shape[-2] != n:
         raise ShapeError(
             f"weight_scale must be (N={n}, K/G), got shape {tuple(weight_scale.shape)}"
+        )
+    check_leading("weight_scale", weight_scale, "weight_packed", weight_packed)
+    if weight_zero_point is not None:
+        check_leading(
+            "weight_zero_point", weight_zero_point, "weight_packed", weight_packed
         )
     stored = int(weight_scale.shape[-1])
     group, rows_B = resolve_groups(
@@ -161,7 +167,19 @@ def export_expert_weights(
 
     Returns:
         ``{f"{prefix}.{e}.{proj}.weight_packed": ..., ...}`` for every expert.
+
+    Raises:
+        ConfigError: the experts have biases (``w13_bias``/``w2_bias``, gpt-oss), which
+            this per-projection format has no tensors for here and the checkpoint
+            loaders do not read back; save ``Int4MoE.state_dict()`` (int4-moe's own
+            format) instead.
     """
+    if weights.w13_bias is not None or weights.w2_bias is not None:
+        raise ConfigError(
+            "export_expert_weights does not export expert biases (w13_bias, "
+            "w2_bias), got weights with them; save Int4MoE.state_dict() (int4-moe's "
+            "own format, which keeps them) instead"
+        )
     w13, w2 = split_experts(weights)
     f = weights.intermediate_size
     halves = (slice(0, f), slice(f, 2 * f))

@@ -23,6 +23,7 @@ from core.errors import ConfigError, ShapeError
 from core.formats.projection import (
     Int4Projection,
     check_int32,
+    check_leading,
     check_ndim,
     make_projection,
     resolve_groups,
@@ -137,10 +138,17 @@ def from_gptq(
         raise ShapeError(
             f"scales must be (K/G, N) with N={n} from qweight, got {tuple(scales.shape)}"
         )
+    check_leading("scales", scales, "qweight", qweight)
     stored = int(scale_NS.shape[-1])
     group, rows_B = resolve_groups(
         "scales", k, stored, declared=group_size, g_idx=g_idx, g_idx_name="g_idx"
     )
+    if qzeros is None and symmetric is False:
+        raise ConfigError(
+            "symmetric=False (an asymmetric GPTQ checkpoint) needs qzeros, got None"
+        )
+    if qzeros is not None:
+        check_leading("qzeros", qzeros, "qweight", qweight)
     zero_NS = _zeros(qzeros, n, stored, checkpoint_format, v1_word_carry=v1_word_carry)
     if rows_B is not None:
         scale_NS = scale_NS[..., rows_B]
@@ -162,7 +170,7 @@ def _zeros(
     zeros_SN = gptq_zero_points(
         qzeros, checkpoint_format=checkpoint_format, v1_word_carry=v1_word_carry
     )
-    if zeros_SN.shape[-2] != stored or zeros_SN.shape[-1] < n:
+    if zeros_SN.shape[-2] != stored or qzeros.shape[-1] != (n + 7) // 8:
         raise ShapeError(
             f"qzeros must be (K/G={stored}, N/8={(n + 7) // 8}), got {tuple(qzeros.shape)}"
         )

@@ -57,6 +57,20 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int) -> None:
         )
 
 
+def check_leading(
+    name: str, tensor: torch.Tensor, ref: str, like: torch.Tensor
+) -> None:
+    """Raise ``ShapeError`` unless ``tensor`` has ``like``'s leading dims.
+
+    Leading dims: all but the last two (the experts of a stack); ``ref`` names ``like``.
+    """
+    if tensor.ndim != like.ndim or tensor.shape[:-2] != like.shape[:-2]:
+        raise ShapeError(
+            f"{name} must have the leading dims of {ref} {tuple(like.shape[:-2])} "
+            f"and {like.ndim} dims, got shape {tuple(tensor.shape)}"
+        )
+
+
 def unpack_words(
     words_W: torch.Tensor, order: tuple[int, ...] | None = None
 ) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.config import MoEConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, ShapeError
 from core.formats import export_expert_weights, quantization_config
 from core.packing import unpack_int4
 from core.quantize import quantize_expert_weights
@@ -438,18 +438,26 @@ def test_files_without_safetensors_say_what_to_install(
         load_experts(tmp_path, prefix=PREFIX, config=CFG)
 
 
+@pytest.mark.parametrize("dot", ["", "."], ids=["prefix", "prefix_with_dot"])
 @pytest.mark.parametrize("where", ["gate.", ""], ids=["on_gate", "on_block"])
 def test_correction_bias_is_read_from_the_gate_or_the_block(
-    where: str, generator: torch.Generator
+    where: str, dot: str, generator: torch.Generator
 ) -> None:
     """DeepSeek-V3 stores it on the gate, MiniMax-M2 on the block; both at once is
-    ambiguous and raises."""
+    ambiguous and raises. A prefix written with a trailing dot finds the router and
+    the bias as it finds the experts."""
     w = _weights(generator, INT4_SYM_G32)
     bias = torch.randn(3, generator=generator)
-    state = _ct_state(w) | {f"{PREFIX}.{where}e_score_correction_bias": bias}
-    loaded = load_experts(state, prefix=PREFIX, config=CFG)
+    gate = torch.randn(3, 64, generator=generator)
+    state = _ct_state(w) | {
+        f"{PREFIX}.{where}e_score_correction_bias": bias,
+        f"{PREFIX}.gate.weight": gate,
+    }
+    loaded = load_experts(state, prefix=PREFIX + dot, config=CFG)
     assert loaded.e_score_correction_bias is not None
     torch.testing.assert_close(loaded.e_score_correction_bias, bias, **EXACT)
+    assert loaded.gate_weight is not None
+    torch.testing.assert_close(loaded.gate_weight, gate, **EXACT)
     both = state | {
         f"{PREFIX}.gate.e_score_correction_bias": bias,
         f"{PREFIX}.e_score_correction_bias": bias,
@@ -655,3 +663,55 @@ def test_a_single_expert_layer_is_read(generator: torch.Generator) -> None:
         scale_dtype=torch.float16,
     )
     _same(w, load_experts(_ct_state(w), prefix=PREFIX, config=one).weights)
+
+
+def test_asymmetric_gptq_missing_one_qzeros_is_named(
+    generator: torch.Generator,
+) -> None:
+    """``sym: false`` makes every projection's qzeros required: one dropped is
+    reported by name, not read as zero point 8."""
+    state = _gptq_state(_weights(generator, INT4_ASYM_G32))
+    del state[f"{PREFIX}.experts.1.up_proj.qzeros"]
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False}
+    with pytest.raises(
+        ConfigError, match=r"missing gptq tensors: .*experts\.1\.up_proj\.qzeros"
+    ):
+        load_experts(state, prefix=PREFIX, config=CFG, quantization_config=qc)
+
+
+def test_a_malformed_projection_is_named_in_the_error(
+    generator: torch.Generator,
+) -> None:
+    """A format error inside one projection says which projection it is."""
+    state = _ct_state(_weights(generator, INT4_SYM_G32))
+    key = f"{PREFIX}.experts.2.down_proj.weight_scale"
+    state[key] = state[key][:16]
+    with pytest.raises(
+        ShapeError, match=rf"{PREFIX}\.experts\.2\.down_proj: weight_scale must be"
+    ):
+        load_experts(state, prefix=PREFIX, config=CFG)
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_own_state_with_one_group_in_w13_and_several_in_w2(
+    generator: torch.Generator, scheme: Int4Scheme
+) -> None:
+    """group_size == hidden_size < intermediate_size: w13 holds one group a row and w2
+    two; the group size is read from both, and the state round-trips exactly."""
+    cfg = MoEConfig(num_experts=2, top_k=1, hidden_size=32, intermediate_size=64)
+    w = quantize_expert_weights(
+        torch.randn(2, 128, 32, generator=generator),
+        torch.randn(2, 32, 64, generator=generator),
+        scheme,
+    )
+    moe = Int4MoE.from_quantized(w, config=cfg)
+    state = {f"{PREFIX}.experts.{k}": v for k, v in moe.state_dict().items()}
+    loaded = load_experts(state, prefix=PREFIX, config=cfg).weights
+    assert loaded.scheme == scheme
+    _same(w, loaded)
+    scale = state[f"{PREFIX}.experts.w2_scale"]
+    state[f"{PREFIX}.experts.w2_scale"] = torch.cat([scale, scale], dim=-1)
+    with pytest.raises(
+        ConfigError, match=r"must share one group size, got 32/1 and 64/4"
+    ):
+        load_experts(state, prefix=PREFIX, config=cfg)

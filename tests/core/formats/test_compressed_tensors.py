@@ -1,5 +1,6 @@
 """compressed-tensors' own packing and decompression are the outside reference here."""
 
+import attrs
 import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.base import (
@@ -24,6 +25,7 @@ from core.formats import (
     quantization_config,
     to_compressed_tensors,
 )
+from core.formats.experts import split_experts
 from core.quantize import dequantize_expert, quantize_expert_weights
 from core.scheme import INT4_ASYM_G32, INT4_SYM, INT4_SYM_G32, Int4Scheme
 from tests.core.formats.packers import dequantize_projection
@@ -311,3 +313,39 @@ def test_zero_points_with_a_whole_extra_word_are_refused(
         match=r"weight_zero_point must pack N=16 rows into ceil\(N/8\) words",
     ):
         from_compressed_tensors(state["weight_packed"], state["weight_scale"], padded)
+
+
+def test_stacks_whose_experts_disagree_are_refused(generator: torch.Generator) -> None:
+    """A stack of 2 experts' weight_packed with 1 expert's scales or zero points."""
+    weights = quantize_expert_weights(
+        torch.randn(2, 64, 64, generator=generator),
+        torch.randn(2, 64, 32, generator=generator),
+        INT4_ASYM_G32,
+    )
+    state = to_compressed_tensors(split_experts(weights)[0])
+    packed, scale = state["weight_packed"], state["weight_scale"]
+    zero = state["weight_zero_point"]
+    with pytest.raises(
+        ShapeError, match=r"weight_scale must have the leading dims of weight_packed"
+    ):
+        from_compressed_tensors(packed, scale[:1], zero)
+    with pytest.raises(
+        ShapeError,
+        match=r"weight_zero_point must have the leading dims of weight_packed",
+    ):
+        from_compressed_tensors(packed, scale, zero[:1])
+
+
+def test_export_refuses_expert_biases(generator: torch.Generator) -> None:
+    """Biases have no tensors in this export and no loader reads them back: refused."""
+    weights = attrs.evolve(
+        quantize_expert_weights(
+            torch.randn(2, 64, 64, generator=generator),
+            torch.randn(2, 64, 32, generator=generator),
+            INT4_SYM_G32,
+        ),
+        w13_bias=torch.randn(2, 64, generator=generator),
+        w2_bias=torch.randn(2, 64, generator=generator),
+    )
+    with pytest.raises(ConfigError, match=r"does not export expert biases"):
+        export_expert_weights(weights)

@@ -355,3 +355,47 @@ def test_awq_qzeros_of_another_group_count_are_refused(
         ShapeError, match=r"qzeros must be \(K/G=2, N/8=2\), got \(1, 2\)"
     ):
         from_awq(qweight, _scales(generator), qzeros[:1])
+
+
+def test_gptq_qzeros_wider_than_n_are_refused(generator: torch.Generator) -> None:
+    """qzeros with a word column too many (another projection's, say) are not cut."""
+    qweight, scales, qzeros = _gptq_packed(generator)
+    wide = torch.cat([qzeros, qzeros], dim=-1)
+    with pytest.raises(
+        ShapeError, match=r"qzeros must be \(K/G=2, N/8=2\), got \(2, 4\)"
+    ):
+        from_gptq(qweight, scales, wide, group_size=G)
+
+
+def test_gptq_asymmetric_without_qzeros_is_refused(generator: torch.Generator) -> None:
+    """``symmetric=False`` and no zero points: refused, not read as zero point 8."""
+    qweight, scales, _ = _gptq_packed(generator)
+    with pytest.raises(ConfigError, match=r"symmetric=False .* needs qzeros, got None"):
+        from_gptq(qweight, scales, None, group_size=G, symmetric=False)
+
+
+def test_stacks_whose_experts_disagree_are_refused(generator: torch.Generator) -> None:
+    """A stack of 2 experts' qweight with 1 expert's scales or zero points, in either
+    format: the leading dims must match, not broadcast or pass."""
+    qweight, scales, qzeros = _gptq_packed(generator)
+    two = torch.stack([qweight, qweight])
+    with pytest.raises(
+        ShapeError, match=r"scales must have the leading dims of qweight"
+    ):
+        from_gptq(two, scales[None], torch.stack([qzeros, qzeros]), group_size=G)
+    with pytest.raises(
+        ShapeError, match=r"qzeros must have the leading dims of qweight"
+    ):
+        from_gptq(two, torch.stack([scales, scales]), qzeros[None], group_size=G)
+    aq, az = awq_pack(
+        _codes(generator, K, N), torch.randint(0, 16, (K // G, N), generator=generator)
+    )
+    s = _scales(generator)
+    with pytest.raises(
+        ShapeError, match=r"scales must have the leading dims of qweight"
+    ):
+        from_awq(torch.stack([aq, aq]), s[None], torch.stack([az, az]))
+    with pytest.raises(
+        ShapeError, match=r"qzeros must have the leading dims of qweight"
+    ):
+        from_awq(torch.stack([aq, aq]), torch.stack([s, s]), az[None])
