@@ -165,8 +165,9 @@ def resolve_routing(
 
     Raises:
         ConfigError: when no source or two sources are given.
-        ShapeError, DTypeError, DeviceError: on malformed routing tensors, and
-            ShapeError for a ``token_shape`` that does not hold ``T`` tokens.
+        ShapeError, DTypeError, DeviceError: on malformed routing tensors (a
+            ``gate_weight`` not ``(E, D)`` among them), and ShapeError for a
+            ``token_shape`` that does not hold ``T`` tokens.
     """
     _check_token_shape(hidden_TD, token_shape)
     given_topk = topk_weights is not None or topk_ids is not None
@@ -188,6 +189,9 @@ def resolve_routing(
             hidden_TD, router_logits, config, correction_bias, token_shape, router
         )
     elif gate_weight is not None:
+        check_shape(
+            "gate_weight", gate_weight, (config.num_experts, config.hidden_size)
+        )
         logits = compute_router_logits(hidden_TD, gate_weight)
         routing = router(logits, config, correction_bias=correction_bias)
     else:

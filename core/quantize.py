@@ -208,6 +208,9 @@ def quantize_expert_weights(
         scheme: int4 scheme.
         scale_dtype: dtype of the stored scales (the activation dtype).
 
+    The results are contiguous and carry no autograd history (the weights are read
+    detached, whether or not they require grad).
+
     Raises:
         ShapeError: on wrong ranks, sizes that do not agree between ``w13_weight`` and
             ``w2_weight``, sizes the group size does not divide, NaN/inf values, or
@@ -220,15 +223,24 @@ def quantize_expert_weights(
     _check_expert_shapes(w13_weight, w2_weight)
     check_finite("w13_weight", w13_weight)
     check_finite("w2_weight", w2_weight)
-    w13_qdata, w13 = quantize_tensor(w13_weight, scheme, scale_dtype=scale_dtype)
-    w2_qdata, w2 = quantize_tensor(w2_weight, scheme, scale_dtype=scale_dtype)
+    with torch.no_grad():  # codes and scales are data, not a graph back to the floats
+        w13_qdata, w13 = quantize_tensor(
+            w13_weight.detach(), scheme, scale_dtype=scale_dtype
+        )
+        w2_qdata, w2 = quantize_tensor(
+            w2_weight.detach(), scheme, scale_dtype=scale_dtype
+        )
+
+    def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.contiguous()
+
     return QuantizedExpertWeights(
-        w13_qdata=w13_qdata,
-        w13_scale=w13.scale,
-        w13_zero_point=w13.zero_point,
-        w2_qdata=w2_qdata,
-        w2_scale=w2.scale,
-        w2_zero_point=w2.zero_point,
+        w13_qdata=w13_qdata.contiguous(),
+        w13_scale=w13.scale.contiguous(),
+        w13_zero_point=dense(w13.zero_point),
+        w2_qdata=w2_qdata.contiguous(),
+        w2_scale=w2.scale.contiguous(),
+        w2_zero_point=dense(w2.zero_point),
         scheme=scheme,
     )
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from core.config import Activation, MoEConfig
-from core.errors import ConfigError
+from core.errors import BackendUnavailableError, ConfigError
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from modules.checkpoint import LoadedExperts, Source, checkpoint_names, load_experts
 from modules.int4_moe import Int4MoE
@@ -359,7 +359,9 @@ def _verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> 
 def _run(name: str, what: str, block: nn.Module, x: torch.Tensor) -> object:
     try:
         out: object = block(x)
-    except Exception as err:  # any failure means: not this layout
+    except BackendUnavailableError:  # the backend asked for, not the block's layout
+        raise
+    except Exception as err:  # any other failure means: not this layout
         raise ConfigError(
             f"MoE block {name!r} must run on the hidden states alone with int4 "
             f"experts, got {what} raising {type(err).__name__}: {err}"

@@ -150,7 +150,7 @@ class Int4MoE(nn.Module):
             if with_gate
             else None
         )
-        bias = torch.zeros(e, dtype=torch.float32, device=device)
+        bias = _unloaded((e,), torch.float32, device)
         self.register_buffer(
             "e_score_correction_bias", bias if with_correction_bias else None
         )
@@ -275,8 +275,8 @@ class Int4MoE(nn.Module):
         check_activation_dtype("dtype", dtype)
         weights = attrs.evolve(
             quantize_expert_weights(w13_weight, w2_weight, scheme, scale_dtype=dtype),
-            w13_bias=None if w13_bias is None else w13_bias.to(dtype),
-            w2_bias=None if w2_bias is None else w2_bias.to(dtype),
+            w13_bias=None if w13_bias is None else _frozen(w13_bias, dtype),
+            w2_bias=None if w2_bias is None else _frozen(w2_bias, dtype),
         )
         return cls.from_quantized(
             weights,
@@ -345,20 +345,24 @@ class Int4MoE(nn.Module):
         expert_map: torch.Tensor | None,
     ) -> None:
         for name, tensor in weights.tensors().items():
-            self.register_buffer(name, tensor)
+            # the given tensor itself; detached (same storage) if it carries history
+            self.register_buffer(
+                name, tensor.detach() if tensor.requires_grad else tensor
+            )
         device = weights.device
         e, d = self.config.num_experts, self.config.hidden_size
-        if gate_weight is not None:
+        if gate_weight is not None:  # copies: the caller's tensors stay theirs
             check_shape("gate_weight", gate_weight, (e, d))
             check_finite("gate_weight", gate_weight, allow_meta=True)
             self.gate_weight = nn.Parameter(
-                gate_weight.to(device=device, dtype=torch.float32), requires_grad=False
+                _frozen(gate_weight, torch.float32, device), requires_grad=False
             )
         if correction_bias is not None:
             check_shape("e_score_correction_bias", correction_bias, (e,))
             check_finite("e_score_correction_bias", correction_bias, allow_meta=True)
             self.register_buffer(
-                "e_score_correction_bias", correction_bias.float().to(device)
+                "e_score_correction_bias",
+                _frozen(correction_bias, torch.float32, device),
             )
         if expert_map is not None:
             self.register_buffer(
@@ -460,6 +464,14 @@ class Int4MoE(nn.Module):
         Under ``torch.compile`` an inference graph holds the layer as one custom op
         (``modules/custom_op.py``); where a gradient is wanted it runs behind a break.
         """
+        check_type("hidden_states", hidden_states, torch.Tensor)
+        for name, given in (
+            ("router_logits", router_logits),
+            ("topk_weights", topk_weights),
+            ("topk_ids", topk_ids),
+        ):
+            if given is not None:
+                check_type(name, given, torch.Tensor)
         if torch.compiler.is_compiling():
             # Dynamo cannot trace the attrs Routing nor every backend's kernels.
             if not wants_grad(
@@ -600,6 +612,9 @@ class Int4MoE(nn.Module):
         for name in _FLOAT_BUFFERS:
             check_loaded(name, self._optional_buffer(name))
         check_loaded("gate_weight", self.gate_weight)
+        check_loaded(
+            "e_score_correction_bias", self._optional_buffer("e_score_correction_bias")
+        )
         local = int(weights.w13_qdata.shape[0])
         check_expert_weights(weights, self.config, num_experts=local)
         for name, router in (
@@ -664,6 +679,9 @@ class Int4MoE(nn.Module):
                 after.data = before.detach().to(
                     device=after.device, dtype=torch.float32
                 )
+            grad = after.grad  # a trained router's gradient stays float32 too
+            if grad is not None and grad.dtype != torch.float32:
+                after.grad = grad.to(torch.float32)
         self._prepared = None
         return self
 
@@ -699,6 +717,16 @@ def _version(tensor: torch.Tensor) -> int:
     if tensor.is_inference():
         return -1
     return int(tensor._version)
+
+
+def _frozen(
+    t: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """A detached copy of ``t`` in ``dtype`` (on ``device``).
+
+    No autograd history and no storage shared with the caller's tensor.
+    """
+    return t.detach().to(device=device or t.device, dtype=dtype).clone()
 
 
 def _unloaded(

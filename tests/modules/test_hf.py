@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from torch import nn
@@ -43,7 +44,7 @@ from transformers.activations import ACT2FN
 
 from core.activation import apply_activation
 from core.config import MoEConfig
-from core.errors import ConfigError
+from core.errors import BackendUnavailableError, ConfigError
 from core.formats import export_expert_weights
 from core.quantize import dequantize_expert_weights
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
@@ -831,14 +832,16 @@ def test_a_model_in_training_is_checked_in_eval_and_left_in_training() -> None:
 
 def test_gpt_oss_from_an_int4_checkpoint_is_refused() -> None:
     """Its expert biases are not read from checkpoints: refused, not run without them
-    (the replacement check cannot see it: both sides run the same int4 experts)."""
+    (the replacement check cannot see it: both sides run the same int4 experts). The
+    checkpoint holds the experts without biases, as export_expert_weights writes them."""
     quantized = _build("gpt_oss")
     names = replace_moe_blocks(quantized, backend="reference")
     state: dict[str, torch.Tensor] = {}
     for block in names:
         int4 = quantized.get_submodule(f"{block}.experts")
         assert isinstance(int4, Int4MoE)
-        state |= export_expert_weights(int4.weights, prefix=f"{block}.experts")
+        unbiased = attrs.evolve(int4.weights, w13_bias=None, w2_bias=None)
+        state |= export_expert_weights(unbiased, prefix=f"{block}.experts")
     model = _build("gpt_oss")
     with pytest.raises(
         ConfigError,
@@ -853,3 +856,11 @@ def test_a_second_replacement_says_the_blocks_are_already_replaced() -> None:
     replace_moe_blocks(model, backend="reference")
     with pytest.raises(ConfigError, match="already are Int4SparseMoeBlock"):
         replace_moe_blocks(model, backend="reference")
+
+
+def test_a_backend_that_cannot_run_the_block_is_reported_as_such() -> None:
+    """The replacement check runs the new block; a backend refusing the device is
+    that error, not a complaint about the block's layout."""
+    model = _build("mixtral")
+    with pytest.raises(BackendUnavailableError, match=r"xpu-fused: device must be"):
+        replace_moe_blocks(model, backend="xpu-fused")

@@ -1,6 +1,7 @@
 """Int4MoE: construction, forward paths, state_dict, moves, backend choice, errors."""
 
 import contextlib
+import copy
 import gc
 import io
 import pickle
@@ -1074,3 +1075,122 @@ def test_routes_through_the_device_s_fused_router(
     gate_weight.requires_grad_(True)
     (grad,) = torch.autograd.grad(moe(x).sum(), gate_weight)
     assert grad.abs().sum() > 0
+
+
+def test_from_float_of_trainable_weights_keeps_no_graph_and_no_alias(
+    generator: torch.Generator,
+) -> None:
+    """Weights, biases, router and correction bias that are a model's parameters:
+    the layer's tensors carry no autograd history (its output records nothing for
+    inputs that need no gradient, deepcopy works, the float weights can be freed)
+    and the router tensors are the layer's own copies."""
+    cfg = attrs.evolve(CFG, scoring_func="sigmoid")
+    w13, w2 = (nn.Parameter(t) for t in _float_weights(generator))
+    gate = nn.Parameter(torch.randn(8, 128, generator=generator))
+    bias = nn.Parameter(torch.randn(8, generator=generator))
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=cfg, gate_weight=gate,
+        e_score_correction_bias=bias, backend="reference",
+    )  # fmt: skip
+    for name, tensor in moe.named_buffers():
+        assert tensor.grad_fn is None, name
+        assert not tensor.requires_grad, name
+    assert moe.gate_weight is not None
+    assert moe.gate_weight is not gate
+    assert moe.gate_weight.data_ptr() != gate.data_ptr()
+    assert moe.e_score_correction_bias is not bias
+    with torch.no_grad():
+        gate.add_(1.0)
+    assert not torch.equal(moe.gate_weight, gate)
+    out = moe(torch.randn(3, 128, generator=generator))
+    assert not out.requires_grad
+    copy.deepcopy(moe)
+    alive = weakref.ref(w13)
+    del w13
+    gc.collect()
+    assert alive() is None
+
+
+def test_from_float_of_strided_weights_gives_contiguous_buffers(
+    generator: torch.Generator,
+) -> None:
+    """Transposed views quantize to contiguous codes and scales (savable as-is)."""
+    w13, w2 = _float_weights(generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13.transpose(1, 2).contiguous().transpose(1, 2),
+        w2_weight=w2.transpose(1, 2).contiguous().transpose(1, 2),
+        config=CFG,
+    )
+    for name, tensor in moe.named_buffers():
+        assert tensor.is_contiguous(), name
+
+
+def test_unloaded_correction_bias_is_refused_like_the_gate(
+    generator: torch.Generator,
+) -> None:
+    """A ``strict=False`` load that leaves the correction bias out raises at the
+    forward (NaN until loaded), as one without the gate does."""
+    cfg = attrs.evolve(CFG, scoring_func="sigmoid")
+    w13, w2 = _float_weights(generator)
+    src = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=cfg,
+        gate_weight=torch.randn(8, 128, generator=generator),
+        e_score_correction_bias=torch.randn(8, generator=generator),
+    )  # fmt: skip
+    x = torch.randn(2, 128, generator=generator)
+    for left in ("gate_weight", "e_score_correction_bias"):
+        state = dict(src.state_dict())
+        del state[left]
+        moe = Int4MoE(cfg, with_gate=True, with_correction_bias=True)
+        moe.load_state_dict(state, strict=False)
+        with pytest.raises(NotLoadedError, match=left):
+            moe(x)
+
+
+def test_forward_arguments_of_another_type_are_named(
+    generator: torch.Generator,
+) -> None:
+    moe = _module(generator)
+    x = torch.randn(2, 128, generator=generator)
+    logits = torch.randn(2, 8, generator=generator)
+    with pytest.raises(ConfigTypeError, match=r"hidden_states must be of type Tensor"):
+        moe(x.tolist(), logits)
+    with pytest.raises(ConfigTypeError, match=r"router_logits must be of type Tensor"):
+        moe(x, logits.numpy())
+    routing = route_topk(logits, CFG)
+    with pytest.raises(ConfigTypeError, match=r"topk_ids must be of type Tensor"):
+        moe(x, topk_weights=routing.topk_weights, topk_ids=routing.topk_ids.tolist())
+
+
+def test_a_reassigned_gate_of_another_shape_is_named(
+    generator: torch.Generator,
+) -> None:
+    w13, w2 = _float_weights(generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=CFG,
+        gate_weight=torch.randn(8, 128, generator=generator),
+    )  # fmt: skip
+    x = torch.randn(2, 128, generator=generator)
+    moe(x)
+    for shape in ((9, 128), (8, 129)):
+        moe.gate_weight = nn.Parameter(torch.randn(shape), requires_grad=False)
+        with pytest.raises(ShapeError, match=r"gate_weight must have shape \(8, 128\)"):
+            moe(x)
+
+
+def test_half_keeps_a_trained_router_s_gradient_in_float32(
+    generator: torch.Generator,
+) -> None:
+    w13, w2 = _float_weights(generator)
+    moe = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=CFG, backend="reference",
+        gate_weight=torch.randn(8, 128, generator=generator),
+    )  # fmt: skip
+    assert moe.gate_weight is not None
+    moe.gate_weight.requires_grad_(True)
+    moe(torch.randn(3, 128, generator=generator)).sum().backward()
+    assert moe.gate_weight.grad is not None
+    moe.half()
+    assert moe.gate_weight.dtype == torch.float32
+    assert moe.gate_weight.grad is not None
+    assert moe.gate_weight.grad.dtype == torch.float32
