@@ -71,6 +71,13 @@ def _request_refusal(
     """Why no XPU int4 path can run this request, or ``None``."""
     if device.type != "xpu":
         return f"device must be `xpu`, got `{device.type}`"
+    return _content_refusal(config, scheme, layout, dtype)
+
+
+def _content_refusal(
+    config: MoEConfig, scheme: Int4Scheme, layout: WeightLayout, dtype: torch.dtype
+) -> str | None:
+    """``_request_refusal`` less the device (``prepare`` checks it on the weights)."""
     if scheme.has_zero_point:
         return f"scheme must be symmetric (no zero points), got {scheme.name}"
     if config.expert_bias:
@@ -213,7 +220,7 @@ class XPUFusedBackend:
             if support.ok:
                 return support
             refusal = support.reason
-        reasons.append(f"{self._delegate}: {refusal}")
+        reasons.append(f"{self._delegate or 'delegate'}: {refusal}")
         return Support.no("no provider can run it: " + "; ".join(reasons))
 
     def _delegate_backend(self) -> tuple[MoEBackend | None, str]:
@@ -234,8 +241,17 @@ class XPUFusedBackend:
         The module's tensors are never handed to a provider (they rewrite in place).
 
         Raises:
-            BackendUnavailableError: if no provider and no delegate is available.
+            BackendUnavailableError: for what ``supports`` refuses whatever the device
+                (asymmetric schemes, expert biases, other group sizes or dtypes), and
+                if no provider and no delegate is available.
         """
+        refusal = _content_refusal(config, weights.scheme, CANONICAL_LAYOUT, dtype)
+        if refusal is None and (
+            weights.w13_bias is not None or weights.w2_bias is not None
+        ):
+            refusal = "expert biases are not passed to the XPU kernels yet, got weights with them"
+        if refusal is not None:  # supports() says so too; a direct call must not run it
+            raise BackendUnavailableError(f"xpu-fused cannot prepare this: {refusal}")
         reasons: list[str] = []
         device = DeviceInfo.of(weights.device)
         for provider in self._providers:
@@ -252,7 +268,7 @@ class XPUFusedBackend:
             reasons.append(f"{provider.name}: {refusal}")
         backend, refusal = self._delegate_backend()
         if backend is None:
-            reasons.append(f"{self._delegate}: {refusal}")
+            reasons.append(f"{self._delegate or 'delegate'}: {refusal}")
             raise BackendUnavailableError(
                 "xpu-fused has no provider: " + "; ".join(reasons)
             )

@@ -111,13 +111,19 @@ def _strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(st for st, n in zip(t.stride(), t.shape, strict=True) if n > 1)
 
 
+_TRUE: Final = frozenset({"1", "true", "on", "yes", "y"})
+"""``TRITON_INTERPRET`` values Triton reads as on (any case; Triton 3.7's knobs)."""
+
+
 @functools.cache
 def is_interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET`` on).
 
-    Read once: Triton itself picks the interpreter when the kernels are decorated.
+    Read once, as Triton reads it: ``1``, ``true``, ``on``, ``yes`` or ``y``, any case
+    (an interpreter the launch code did not know of would get the compiled path's
+    bf16 operands, which the interpreter computes wrongly).
     """
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
 
 
 def pdl_target(a: torch.Tensor) -> bool:

@@ -17,7 +17,7 @@ from typing import Protocol, final
 import torch
 
 from backends.base import DeviceInfo
-from backends.xpu.providers import FusedExperts, ProviderWeights
+from backends.xpu.providers import FusedExperts, ProviderWeights, import_refusal
 from core.config import MoEConfig
 
 
@@ -47,11 +47,29 @@ def load_gated_mlp_moe() -> GatedMLPMOEFactory:
     """Import ``GatedMLPMOE`` (lazily; IPEX demands torch 2.8.x at import).
 
     Raises:
-        ImportError: if IPEX is missing or refuses this torch.
+        ImportError: if IPEX is missing or built for another torch (checked from its
+            package metadata first: IPEX's own check exits the process).
     """
+    _check_ipex_torch()
     from intel_extension_for_pytorch.llm.modules import GatedMLPMOE
 
     return GatedMLPMOE
+
+
+def _check_ipex_torch() -> None:
+    """Raise ``ImportError`` if the installed IPEX wants another torch major.minor."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("intel_extension_for_pytorch")
+    except metadata.PackageNotFoundError:
+        return  # not installed: the import raises ModuleNotFoundError
+    wanted, found = version.split(".")[:2], torch.__version__.split(".")[:2]
+    if wanted != found:
+        raise ImportError(
+            f"intel_extension_for_pytorch {version} needs torch {'.'.join(wanted)}.*, "
+            f"got torch {torch.__version__}"
+        )
 
 
 @final
@@ -116,11 +134,7 @@ class IPEXGatedMLPMOEProvider:
         del dtype, device
         if config.activation != "silu":
             return f"activation must be `silu` for IPEX int4, got {config.activation!r}"
-        try:
-            self._load()
-        except (ImportError, OSError) as err:
-            return f"intel_extension_for_pytorch is not importable: {err}"
-        return None
+        return import_refusal(self._load, "intel_extension_for_pytorch")
 
     def build(self, weights: ProviderWeights, config: MoEConfig) -> FusedExperts:
         """Construct ``GatedMLPMOE`` on int32 views of the private copies."""

@@ -5,6 +5,7 @@ Shape legend: ``T`` tokens, ``D`` hidden size, ``F`` intermediate size, ``H`` = 
 along the reduction dim. May import core and ``backends.base``.
 """
 
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -80,3 +81,20 @@ class XPUProvider(Protocol):
     def build(self, weights: ProviderWeights, config: MoEConfig) -> FusedExperts:
         """Hand ``weights`` (private copies, rewritten in place if needed) to the kernel."""
         ...
+
+
+def import_refusal(load: Callable[[], object], package: str) -> str | None:
+    """``load()``, its failure as a refusal reason (``None`` when it imports).
+
+    Besides ``ImportError`` and ``OSError`` (missing package or libraries), a
+    package's own import-time guard may raise anything or call ``exit`` (IPEX 2.8
+    meeting another torch calls ``os.exit``, later sources ``exit(127)``): every such
+    failure is a reason to refuse, never a crash of the backend selection.
+    """
+    try:
+        load()
+    except (ImportError, OSError) as err:
+        return f"{package} is not importable: {err}"
+    except (Exception, SystemExit) as err:  # a guard of the package's own
+        return f"{package} is not importable: {type(err).__name__}: {err}"
+    return None

@@ -32,7 +32,7 @@ from typing import Final, Protocol, final
 import torch
 
 from backends.base import DeviceInfo
-from backends.xpu.providers import FusedExperts, ProviderWeights
+from backends.xpu.providers import FusedExperts, ProviderWeights, import_refusal
 from core.config import MoEConfig
 
 SWIGLUOAI_ALPHA: Final = 1.702
@@ -173,10 +173,9 @@ class VllmXpuKernelsProvider:
                 f"swigluoai needs (swiglu_alpha, swiglu_limit)={fixed} (hard-coded in the "
                 f"kernel), got ({config.swiglu_alpha}, {config.swiglu_limit})"
             )
-        try:
-            self._load()
-        except (ImportError, OSError) as err:
-            return f"vllm_xpu_kernels is not importable: {err}"
+        reason = import_refusal(self._load, "vllm_xpu_kernels")
+        if reason is not None:
+            return reason
         if not self._int4_arch(device.index):
             return (
                 "the int4 kernel runs only on Xe2 / Xe3 GPUs (elsewhere it would read "

@@ -10,6 +10,7 @@ import attrs
 import pytest
 import torch
 
+import backends.triton._launch as launch
 import backends.triton._launch_gemv as launch_gemv
 from backends.triton import EmulationMemoryWarning, TritonEmulationBackend
 from backends.triton._fused import fused_moe, use_gemv
@@ -317,3 +318,24 @@ def test_paired_gemv_tiles_on_groups_of_one_word(
     hidden_TD = torch.randn(3, d, generator=generator).to(torch.float16)
     routing = route_topk(torch.randn(3, E, generator=generator), config)
     check_w4a16(weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles)
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("1", True), ("true", True), ("TRUE", True), ("on", True), ("Yes", True),
+     ("y", True), ("0", False), ("false", False), ("off", False), ("no", False),
+     ("2", False), ("", False)],
+)  # fmt: skip
+def test_the_interpreter_is_read_from_the_environment_as_triton_reads_it(
+    value: str, on: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TRITON_INTERPRET=true`` turns Triton's interpreter on (its knobs read these
+    values so, Triton 3.7): the launch code must take it as on too, else it hands
+    the interpreter bf16 operands."""
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    launch.is_interpreting.cache_clear()
+    try:
+        assert launch.is_interpreting() is on
+    finally:
+        monkeypatch.undo()
+        launch.is_interpreting.cache_clear()

@@ -27,6 +27,7 @@ from tests.backends.xpu_cases import (
     D,
     E,
     F,
+    K,
     T,
     assert_untouched,
     fake_backend,
@@ -349,3 +350,19 @@ def test_scales_that_do_not_fit_the_activation_dtype_are_refused(
         fake_backend(FakeXpuKernels()).prepare(
             attrs.evolve(weights, w13_scale=big), make_config(), dtype=torch.float16
         )
+
+
+def test_zero_tokens_reach_the_fake_kernel_and_give_zero_rows(
+    generator: torch.Generator,
+) -> None:
+    """Zero tokens reach the backend where a gradient is wanted (``Int4MoE``); the
+    fake kernel takes them as the contract allows and the output has no rows."""
+    config = make_config()
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    backend = fake_backend(FakeXpuKernels())
+    prepared = backend.prepare(weights, config, dtype=torch.bfloat16)
+    routing = Routing(
+        topk_weights=torch.empty(0, K), topk_ids=torch.empty(0, K, dtype=torch.int64)
+    )
+    out = backend.apply(torch.empty(0, D, dtype=torch.bfloat16), prepared, routing)
+    assert out.shape == (0, D)

@@ -1,6 +1,7 @@
 """XPUFusedBackend.supports: every refusal reason, delegation to triton-w4a16, registry."""
 
 import sys
+from typing import NoReturn
 
 import attrs
 import pytest
@@ -15,14 +16,14 @@ from backends.registry import (
     select_backend,
     unregister_backend,
 )
-from backends.xpu.ipex import IPEXGatedMLPMOEProvider
+from backends.xpu.ipex import IPEXGatedMLPMOEProvider, load_gated_mlp_moe
 from backends.xpu.vllm_kernels import (
     VllmXpuKernelsProvider,
     load_xpu_fused_moe,
     xe2_or_xe3,
 )
 from backends.xpu_fused import XPUFusedBackend
-from core.errors import BackendUnavailableError, ConfigError
+from core.errors import BackendUnavailableError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.reference import moe_forward_reference
 from core.scheme import INT4_ASYM_G32, INT4_SYM, INT4_SYM_G32
@@ -254,16 +255,88 @@ def test_top_k_of_the_pinned_binaries_is_accepted() -> None:
 
 
 def test_prepare_refuses_weights_with_zero_points(generator: torch.Generator) -> None:
-    """prepare does not run supports: zero points must not reach a provider, which would
-    drop them (it reads symmetric codes) and give wrong outputs without an error."""
+    """A direct prepare (no supports before it): zero points must not reach a provider,
+    which would drop them (it reads symmetric codes) and give wrong outputs without an
+    error."""
     weights = make_weights(generator, INT4_ASYM_G32, scale_dtype=torch.bfloat16)
     kernels = FakeXpuKernels()
     with pytest.raises(
-        ConfigError,
-        match=r"weights must be symmetric \(no zero points\), got int4_asym_g32",
+        BackendUnavailableError,
+        match=r"cannot prepare this: scheme must be symmetric \(no zero points\), "
+        r"got int4_asym_g32",
     ):
         fake_backend(kernels).prepare(weights, make_config(), dtype=torch.bfloat16)
     assert kernels.built == []
+
+
+def test_prepare_refuses_expert_biases_and_what_supports_refuses(
+    generator: torch.Generator,
+) -> None:
+    """Biases (gpt-oss) and an fp32 compute dtype: a direct prepare raises what
+    supports says, instead of running the kernels without the biases."""
+    weights = make_weights(generator, INT4_SYM_G32, scale_dtype=torch.bfloat16)
+    biased = attrs.evolve(
+        weights,
+        w13_bias=torch.ones(weights.num_experts, 2 * weights.intermediate_size),
+        w2_bias=torch.ones(weights.num_experts, weights.hidden_size),
+    )
+    kernels = FakeXpuKernels()
+    backend = fake_backend(kernels)
+    for cfg, w, dtype, reason in (
+        (make_config(expert_bias=True), biased, torch.bfloat16, "expert biases"),
+        (make_config(), biased, torch.bfloat16, "expert biases are not passed"),
+        (make_config(), weights, torch.float32, "dtype must be torch.bfloat16"),
+    ):
+        with pytest.raises(BackendUnavailableError, match=reason):
+            backend.prepare(w, cfg, dtype=dtype)
+    assert kernels.built == []
+
+
+def test_a_missing_delegate_is_named_as_such() -> None:
+    backend = XPUFusedBackend(
+        providers=(VllmXpuKernelsProvider(load=FakeXpuKernels(error="x").load),),
+        delegate=None,
+    )
+    support = backend.supports(
+        make_config(), INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+    )
+    assert "delegate: no delegate configured" in support.reason
+    assert "None:" not in support.reason
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [AttributeError("module 'os' has no attribute 'exit'"), SystemExit(127)],
+    ids=["attribute_error", "system_exit"],
+)
+def test_an_import_guard_that_exits_is_a_refusal(failure: BaseException) -> None:
+    """IPEX's check against another torch calls ``os.exit`` (2.8: AttributeError) or
+    ``exit(127)``: a reason to refuse, not a crash of backend selection."""
+
+    def load() -> NoReturn:
+        raise failure
+
+    reason = IPEXGatedMLPMOEProvider(load=load).refusal(
+        make_config(), dtype=torch.bfloat16, device=XPU
+    )
+    assert reason is not None
+    assert reason.startswith("intel_extension_for_pytorch is not importable: ")
+    assert type(failure).__name__ in reason
+
+
+def test_ipex_for_another_torch_is_refused_before_its_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The version is read from the package metadata, so IPEX's own guard never runs."""
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "version", lambda name: "2.8.10+xpu")
+    monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", None)
+    with pytest.raises(
+        ImportError,
+        match=r"intel_extension_for_pytorch 2\.8\.10\+xpu needs torch 2\.8\.\*",
+    ):
+        load_gated_mlp_moe()
 
 
 def test_swigluoai_alpha_other_than_the_kernels_is_refused() -> None:
