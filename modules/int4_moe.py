@@ -158,6 +158,7 @@ class Int4MoE(nn.Module):
             None if num_local_experts is None else default_expert_map(e, local, device)
         )
         self.register_buffer("expert_map", emap)
+        self._absent_buffers_last()
         self.backend = backend  # checked against the buffers' device
         # torch leaves these public hook APIs unannotated.
         self.register_load_state_dict_pre_hook(_check_loaded_state)  # type: ignore[no-untyped-call]
@@ -368,6 +369,19 @@ class Int4MoE(nn.Module):
             self.register_buffer(
                 "expert_map", expert_map.to(device=device, dtype=torch.int32)
             )
+        self._absent_buffers_last()
+
+    def _absent_buffers_last(self) -> None:
+        """Reorder ``_buffers``: the tensors first, the absent (``None``) ones after.
+
+        ``torch.export``'s non-strict trace (torch 2.13) maps its buffer inputs by
+        position among all of ``_buffers``, ``None`` entries counted, so a ``None``
+        before a tensor shifted the map past the end (``IndexError``) when the layer
+        with its own router was exported as the root module. State keys are unchanged.
+        """
+        ordered = sorted(self._buffers.items(), key=lambda item: item[1] is None)
+        self._buffers.clear()
+        self._buffers.update(ordered)
 
     # ------------------------------------------------------------------ state
     @property
@@ -672,6 +686,11 @@ class Int4MoE(nn.Module):
             )
             if tensor is not None
         }
+        gate_grad = (  # detached too: _apply swaps the gradient's .data in place
+            None
+            if self.gate_weight is None or self.gate_weight.grad is None
+            else self.gate_weight.grad.detach()
+        )
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves _apply unannotated
         for name, before in kept.items():
             after = getattr(self, name)
@@ -679,9 +698,14 @@ class Int4MoE(nn.Module):
                 after.data = before.detach().to(
                     device=after.device, dtype=torch.float32
                 )
-            grad = after.grad  # a trained router's gradient stays float32 too
+        if self.gate_weight is not None and gate_grad is not None:
+            # a trained router's gradient stays float32 too, the values from before
+            # the cast (a round trip through fp16 would flush or overflow them)
+            grad = self.gate_weight.grad
             if grad is not None and grad.dtype != torch.float32:
-                after.grad = grad.to(torch.float32)
+                self.gate_weight.grad = gate_grad.to(
+                    device=grad.device, dtype=torch.float32
+                )
         self._prepared = None
         return self
 

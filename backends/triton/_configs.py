@@ -146,7 +146,10 @@ DEQUANT_WARPS: Final = 4
 H100 (``bench/probe_dequant.py``, 2026-12-05) this tile wrote at 0.93-0.95 of the
 copy rate as bytes and as words, the best tile of each matrix 1-3% faster (a different
 one each), tiles of 8-16 or 128 codes a thread up to 30% slower: the tile the kernel
-had before stays. Not yet measured on the H200."""
+had before stays, and so does its byte form: the int32-word form (``dequantize_experts``'
+``words=True``, inline PTX) tied it in the kernel alone but took 3-6% longer in
+Mixtral's M = 4096 layer in both calls that timed it. Not yet measured on the H200,
+where the byte kernel ran at 0.69 of the copy rate."""
 
 
 def next_pow2(x: int) -> int:

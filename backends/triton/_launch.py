@@ -123,7 +123,7 @@ def is_interpreting() -> bool:
     (an interpreter the launch code did not know of would get the compiled path's
     bf16 operands, which the interpreter computes wrongly).
     """
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE
 
 
 def pdl_target(a: torch.Tensor) -> bool:
@@ -472,15 +472,16 @@ def dequantize_experts(
     block_r: int | None = None,
     block_k: int | None = None,
     num_warps: int | None = None,
-    words: bool | None = None,
+    words: bool = False,
 ) -> None:
     """Write experts ``lo .. hi-1`` of int4 ``b`` into ``out`` ``(hi-lo, rows, cols)``.
 
     Tiles of ``block_r`` rows by ``block_k`` columns (powers of two; defaults
     ``DEQUANT_BLOCK_R``, ``DEQUANT_BLOCK_K``, ``DEQUANT_WARPS``), in the interpreter
-    16 x 64; a tile spans several scale groups or lies in one. ``words`` (default:
-    ``b.words_fit``) reads whole int32 words, dequantized by inline PTX on a CUDA
-    GPU where the scales have the output's dtype (else in float32, as the byte form).
+    16 x 64; a tile spans several scale groups or lies in one. ``words=True`` reads
+    whole int32 words, dequantized by inline PTX on a CUDA GPU where the scales have
+    the output's 16-bit dtype, else in float32 as the byte form does; by default the
+    byte form runs (on an H100 the word form tied it or lost, ``_configs.py``).
     """
     import triton.language as tl
 
@@ -495,10 +496,18 @@ def dequantize_experts(
     sub = block_k if group == cols else min(group, block_k)
     zero = b.zero_point if b.zero_point is not None else b.scale
     if words and not b.words_fit:
-        msg = "words=True needs int4 rows of whole int32 words (ExpertMatrix.words_fit)"
+        msg = (
+            "words=True needs int4 data readable as aligned int32 words "
+            "(ExpertMatrix.words_fit)"
+        )
         raise ValueError(msg)
-    words = b.words_fit if words is None else words
-    asm = words and ptx_target(out) and b.scale.dtype == out.dtype
+    ptx = (
+        ptx_target(out)
+        and out.dtype in (torch.bfloat16, torch.float16)
+        and b.scale.dtype == out.dtype
+    )
+    words = bool(words)  # the byte form unless asked (see DEQUANT_WORDS' doc)
+    asm = words and ptx
     col_tiles = ceil_div(cols, block_k)
     grid = (ceil_div((hi - lo) * rows, block_r) * col_tiles,)
     _dequant_kernel[grid](  # rows of experts lo..hi-1 flattened (contiguous views)

@@ -414,7 +414,7 @@ def test_dequant_kernel_reads_words_only_where_they_fit(
     w2 = prepared.w2
     assert not w2.words_fit
     out = torch.empty(1, 256, 100)
-    with pytest.raises(ValueError, match="words=True needs int4 rows of whole"):
+    with pytest.raises(ValueError, match="words=True needs int4 data readable as"):
         dequantize_experts(w2, 0, 1, out, words=True)
     dequantize_experts(w2, 0, 1, out)
     want = dequantize_expert(weights, 0, dtype=torch.float32)[1]

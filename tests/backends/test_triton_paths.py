@@ -324,7 +324,7 @@ def test_paired_gemv_tiles_on_groups_of_one_word(
     ("value", "on"),
     [("1", True), ("true", True), ("TRUE", True), ("on", True), ("Yes", True),
      ("y", True), ("0", False), ("false", False), ("off", False), ("no", False),
-     ("2", False), ("", False)],
+     ("2", False), ("", False), (" 1", False), ("1 ", False)],
 )  # fmt: skip
 def test_the_interpreter_is_read_from_the_environment_as_triton_reads_it(
     value: str, on: bool, monkeypatch: pytest.MonkeyPatch

@@ -331,6 +331,7 @@ def test_ipex_for_another_torch_is_refused_before_its_import(
     from importlib import metadata
 
     monkeypatch.setattr(metadata, "version", lambda name: "2.8.10+xpu")
+    monkeypatch.setattr(torch, "__version__", "2.9.1")  # whatever torch runs this
     monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", None)
     with pytest.raises(
         ImportError,

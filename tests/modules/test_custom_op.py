@@ -1,6 +1,7 @@
 """``torch.compile`` with the layer inside (``modules/custom_op.py``): an inference
 graph holds it as one custom op, no break; training keeps a break and its backward."""
 
+import contextlib
 import copy
 import gc
 from pathlib import Path
@@ -274,6 +275,23 @@ def test_an_exported_program_keeps_its_weights(
         other(x)
         got = torch.export.load(tmp_path / "m.pt2").module()(x)
     torch.testing.assert_close(got, expected, **EXACT)
+
+
+@pytest.mark.parametrize("no_grad", [True, False], ids=["no_grad", "grad_mode"])
+def test_the_bare_layer_with_its_own_router_exports(
+    generator: torch.Generator, no_grad: bool
+) -> None:
+    """The layer as the root module, with its gate and absent optional buffers (zero
+    points, biases, correction bias, expert map): torch's non-strict export indexes
+    buffers by position, ``None`` ones counted; they are kept after the tensors."""
+    layer = _layer(generator)
+    x = torch.randn(3, 64, generator=generator)
+    absent = [name for name, t in layer._buffers.items() if t is None]
+    assert absent  # the case: absent buffers beside a parameter
+    with torch.no_grad() if no_grad else contextlib.nullcontext():
+        program = torch.export.export(layer, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), layer(x), **EXACT)
 
 
 # Inductor's own imports use torch.jit.script_method, which torch 2.13 deprecates.

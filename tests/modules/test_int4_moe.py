@@ -1190,7 +1190,10 @@ def test_half_keeps_a_trained_router_s_gradient_in_float32(
     moe.gate_weight.requires_grad_(True)
     torch.autograd.backward(moe(torch.randn(3, 128, generator=generator)).sum())
     assert moe.gate_weight.grad is not None
+    moe.gate_weight.grad[0, :3] = torch.tensor([1e-8, 1e5, 0.1000001])  # not fp16's
+    before = moe.gate_weight.grad.clone()
     moe.half()
     assert moe.gate_weight.dtype == torch.float32
     assert moe.gate_weight.grad is not None
     assert moe.gate_weight.grad.dtype == torch.float32
+    torch.testing.assert_close(moe.gate_weight.grad, before, **EXACT)
