@@ -25,7 +25,7 @@ from backends.xpu.ipex import IPEXGatedMLPMOEProvider
 from backends.xpu.providers import FusedExperts, ProviderWeights, XPUProvider
 from backends.xpu.vllm_kernels import VllmXpuKernelsProvider
 from core.config import MoEConfig
-from core.errors import BackendUnavailableError, ConfigError
+from core.errors import BackendUnavailableError
 from core.layout import CANONICAL_LAYOUT, WeightLayout
 from core.routing import Routing
 from core.scheme import Int4Scheme
@@ -110,11 +110,10 @@ def _content_refusal(
 def _private_copies(
     weights: QuantizedExpertWeights, dtype: torch.dtype
 ) -> ProviderWeights:
-    """Contiguous clones for a provider that rewrites them in place; scales in ``dtype``."""
-    if weights.w13_zero_point is not None or weights.w2_zero_point is not None:
-        raise ConfigError(
-            f"weights must be symmetric (no zero points), got {weights.scheme.name}"
-        )
+    """Contiguous clones for a provider that rewrites them in place; scales in ``dtype``.
+
+    Symmetric weights only: ``prepare`` refuses zero points before this.
+    """
     if weights.scale_dtype != dtype:
         logger.info(
             "xpu-fused: converting scales from %s to the activation dtype %s (the kernels "

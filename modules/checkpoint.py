@@ -230,13 +230,17 @@ def _detect(
     )
 
 
+_ZERO_POINTS: Final = {"gptq": "qzeros", "compressed-tensors": "weight_zero_point"}
+"""The optional zero-point tensor of each format, required when it is asymmetric."""
+
+
 def _names_of(
     opts: FormatOptions, keys: list[str], present: set[str]
 ) -> tuple[list[str], list[str]]:
     """(names to read, missing names) for these projection keys."""
     required, optional = SUFFIXES[opts.format]
-    if opts.symmetric is False and opts.format in ("compressed-tensors", "gptq"):
-        required += ("weight_zero_point",) if opts.format != "gptq" else ("qzeros",)
+    if opts.symmetric is False and opts.format in _ZERO_POINTS:
+        required += (_ZERO_POINTS[opts.format],)
     wanted: list[str] = []
     missing: list[str] = []
     for key in keys:

@@ -445,8 +445,7 @@ def _int4_experts(
 ) -> Int4MoE:
     router = next(getattr(block, r) for r in _ROUTERS if hasattr(block, r))
     bias = getattr(router, "e_score_correction_bias", None)
-    # A copy: a buffer sharing the router's storage breaks safetensors saving.
-    bias = bias.detach().clone() if isinstance(bias, torch.Tensor) else None
+    bias = bias if isinstance(bias, torch.Tensor) else None  # Int4MoE copies it
     if checkpoint is None:
         w13, w2 = float_experts(block, model_type=model_type)
         e, f, d = config.num_experts, config.intermediate_size, config.hidden_size

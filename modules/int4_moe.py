@@ -750,7 +750,7 @@ def _frozen(
 
     No autograd history and no storage shared with the caller's tensor.
     """
-    return t.detach().to(device=device or t.device, dtype=dtype).clone()
+    return t.detach().to(device=device or t.device, dtype=dtype, copy=True)
 
 
 def _unloaded(

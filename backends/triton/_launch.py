@@ -501,13 +501,12 @@ def dequantize_experts(
             "(ExpertMatrix.words_fit)"
         )
         raise ValueError(msg)
-    ptx = (
-        ptx_target(out)
+    asm = (  # the word form's inline PTX: 16-bit output, scales of its dtype
+        words
+        and ptx_target(out)
         and out.dtype in (torch.bfloat16, torch.float16)
         and b.scale.dtype == out.dtype
     )
-    words = bool(words)  # the byte form unless asked (see DEQUANT_WORDS' doc)
-    asm = words and ptx
     col_tiles = ceil_div(cols, block_k)
     grid = (ceil_div((hi - lo) * rows, block_r) * col_tiles,)
     _dequant_kernel[grid](  # rows of experts lo..hi-1 flattened (contiguous views)
