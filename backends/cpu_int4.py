@@ -31,7 +31,9 @@ from core.weights import QuantizedExpertWeights
 _PACK_OP: Final = "_convert_weight_to_int4pack_for_cpu"
 _MM_OP: Final = "_weight_int4pack_mm_for_cpu"
 KERNEL_GROUP_SIZES: Final = (32, 64, 128, 256)
-"""Group sizes ``_weight_int4pack_mm_for_cpu`` accepts (checked in its source)."""
+"""Group sizes ``_weight_int4pack_mm_for_cpu`` accepts (checked in its source). A larger
+group (``group_size=-1``: one group per row) runs as the largest of these that divides it,
+its scale repeated for each piece (``kernel_group_size``): exact, the same weights."""
 ROW_MULTIPLE: Final = 16
 """Output rows of each packed weight must be a multiple of this (the packer's check)."""
 ACTIVATION_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
@@ -61,10 +63,10 @@ class CPUInt4Prepared(PreparedExperts):
 
     Attributes:
         w13_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(2F, D)`` codes.
-        w13_scale_and_zero: ``(E, G, 2F, 2)`` in ``KERNEL_DTYPE``.
-        w13_group_size: the kernel group size along ``D`` (``-1`` resolved).
+        w13_scale_and_zero: ``(E, D / w13_group_size, 2F, 2)`` in ``KERNEL_DTYPE``.
+        w13_group_size: the kernel group size along ``D`` (``kernel_group_size``).
         w2_packed: ``(E, ...)`` uint8, each ``[e]`` the packed ``(D, F)`` codes.
-        w2_scale_and_zero: ``(E, G, D, 2)`` in ``KERNEL_DTYPE``.
+        w2_scale_and_zero: ``(E, F / w2_group_size, D, 2)`` in ``KERNEL_DTYPE``.
         w2_group_size: the kernel group size along ``F``.
     """
 
@@ -92,17 +94,27 @@ def _check_rows(name: str, rows: int) -> str:
     return ""
 
 
+def kernel_group_size(group: int) -> int | None:
+    """The largest of ``KERNEL_GROUP_SIZES`` that divides ``group`` (None if none does).
+
+    A scheme's group of ``group`` codes sharing one scale (and zero point) is then
+    ``group / kernel_group_size(group)`` kernel groups with that same scale.
+    """
+    return next((g for g in reversed(KERNEL_GROUP_SIZES) if group % g == 0), None)
+
+
 def _check_group(name: str, reduction: int, scheme: Int4Scheme) -> str:
     """Why the kernel refuses the grouping along ``reduction``, or ``""``."""
     group = scheme.group_size_for(reduction)
-    if group not in KERNEL_GROUP_SIZES:
+    if kernel_group_size(group) is None:
         how = (
             f" (group_size=-1 is one group of {reduction})"
             if scheme.group_size == -1
             else ""
         )
         return (
-            f"{name}: group size must be one of {KERNEL_GROUP_SIZES}, got {group}{how}"
+            f"{name}: group size must be a multiple of one of {KERNEL_GROUP_SIZES}, "
+            f"got {group}{how}"
         )
     if reduction % group:
         return f"{name}: reduction size {reduction} must be a multiple of group size {group}"
@@ -138,10 +150,11 @@ def _refusal(
 
 
 def _scale_and_zero(
-    scale_ERG: torch.Tensor, zero_point_ERG: torch.Tensor | None
+    scale_ERG: torch.Tensor, zero_point_ERG: torch.Tensor | None, pieces: int
 ) -> torch.Tensor:
-    """``(E, G, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``KERNEL_DTYPE``.
+    """``(E, G * pieces, R, 2)`` pairs ``(scale, (8 - z) * scale)`` in ``KERNEL_DTYPE``.
 
+    Each of the scheme's groups becomes ``pieces`` kernel groups with its pair.
     Computed in float32 and rounded once, so a bf16 ``zero`` carries one rounding.
     """
     scale = scale_ERG.float()
@@ -150,6 +163,8 @@ def _scale_and_zero(
     else:
         zero = (_SYM_OFFSET - zero_point_ERG.float()) * scale
     pairs = torch.stack([scale, zero], dim=-1).transpose(1, 2)
+    if pieces > 1:
+        pairs = pairs.repeat_interleave(pieces, dim=1)
     return pairs.contiguous().to(KERNEL_DTYPE)
 
 
@@ -199,7 +214,7 @@ class CPUInt4Backend:
         *,
         dtype: torch.dtype,
     ) -> Support:
-        """CPU, canonical layout, fp32/fp16/bf16, kernel group sizes, rows % 16 == 0."""
+        """CPU, canonical layout, fp32/fp16/bf16, groups of a multiple of 32, rows % 16 == 0."""
         reason = _refusal(config, scheme, layout, device, dtype)
         return Support.no(reason) if reason else Support.yes()
 
@@ -217,18 +232,25 @@ class CPUInt4Backend:
             raise BackendUnavailableError(
                 f"cpu-int4 cannot prepare these weights: {reason}"
             )
+        group13 = weights.scheme.group_size_for(config.hidden_size)
+        group2 = weights.scheme.group_size_for(config.intermediate_size)
+        kernel13, kernel2 = kernel_group_size(group13), kernel_group_size(group2)
+        assert kernel13 is not None  # _refusal checked both
+        assert kernel2 is not None
         return CPUInt4Prepared(
             weights=weights,
             config=config,
             dtype=dtype,
             w13_packed=_pack_experts(weights.w13_qdata),
             w13_scale_and_zero=_scale_and_zero(
-                weights.w13_scale, weights.w13_zero_point
+                weights.w13_scale, weights.w13_zero_point, group13 // kernel13
             ),
-            w13_group_size=weights.scheme.group_size_for(config.hidden_size),
+            w13_group_size=kernel13,
             w2_packed=_pack_experts(weights.w2_qdata),
-            w2_scale_and_zero=_scale_and_zero(weights.w2_scale, weights.w2_zero_point),
-            w2_group_size=weights.scheme.group_size_for(config.intermediate_size),
+            w2_scale_and_zero=_scale_and_zero(
+                weights.w2_scale, weights.w2_zero_point, group2 // kernel2
+            ),
+            w2_group_size=kernel2,
         )
 
     def apply(

@@ -20,6 +20,7 @@ from core.errors import (
     DeviceError as DeviceError,
     DTypeError as DTypeError,
     Int4MoEError as Int4MoEError,
+    NotLoadedError as NotLoadedError,
     PreparedTypeError as PreparedTypeError,
     ShapeError as ShapeError,
 )

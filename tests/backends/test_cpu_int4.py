@@ -140,6 +140,26 @@ def test_matches_oracle_every_scheme(
     _check_vs_dense(config, weights, hidden, routing)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=_dtype_id)
+@pytest.mark.parametrize(
+    "mapping", [Int4Mapping.SYMMETRIC, Int4Mapping.ASYMMETRIC], ids=lambda m: m.value
+)
+def test_matches_oracle_groups_split_for_the_kernel(
+    mapping: Int4Mapping, dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    # group_size=-1: one group of 512 along D (2 kernel groups of 256 sharing its scale
+    # and zero point) and of 96 along F (3 of 32).
+    config = _make_config(4, 2, 512, 96)
+    scheme = Int4Scheme(mapping=mapping, group_size=-1)
+    weights = _make_weights(config, scheme, dtype, generator)
+    prepared = CPUInt4Backend().prepare(weights, config, dtype=dtype)
+    assert (prepared.w13_group_size, prepared.w2_group_size) == (256, 32)
+    assert prepared.w13_scale_and_zero.shape == (4, 2, 192, 2)
+    assert prepared.w2_scale_and_zero.shape == (4, 3, 512, 2)
+    hidden, routing = _make_inputs(config, 9, dtype, generator)
+    _check_vs_dense(config, weights, hidden, routing)
+
+
 @pytest.mark.parametrize(
     ("e", "k", "t"),
     [(1, 1, 1), (2, 2, 7), (4, 3, 64), (8, 4, 7), (16, 4, 64), (16, 1, 1), (8, 2, 0)],
@@ -267,8 +287,8 @@ def test_wrong_prepared_type_raises(generator: torch.Generator) -> None:
         (64, 64, 32, torch.float64, CPU, "activation dtype must be one of .* got torch.float64"),
         (64, 20, 32, torch.float32, CPU, r"w13 \(2F x D\): output rows must be a multiple of 16, got 40"),
         (40, 64, 32, torch.float32, CPU, r"w2 \(D x F\): output rows must be a multiple of 16, got 40"),
-        (512, 64, -1, torch.float32, CPU, r"w13 .*got 512 \(group_size=-1 is one group of 512\)"),
-        (64, 48, -1, torch.float32, CPU, r"w2 .*group size must be one of \(32, 64, 128, 256\), got 48"),
+        (48, 64, -1, torch.float32, CPU, r"w13 .*got 48 \(group_size=-1 is one group of 48\)"),
+        (64, 48, -1, torch.float32, CPU, r"w2 .*group size must be a multiple of one of \(32, 64, 128, 256\), got 48"),
         (96, 64, 64, torch.float32, CPU, r"w13 .*reduction size 96 must be a multiple of group size 64"),
         (128, 160, 128, torch.float32, CPU, r"w2 .*reduction size 160 must be a multiple of group size 128"),
     ],
@@ -317,15 +337,15 @@ def test_supports_the_qwen3_shape() -> None:
         support = CPUInt4Backend().supports(
             config, scheme, CANONICAL_LAYOUT, CPU, dtype=torch.bfloat16
         )
-        # -1 means one group of 2048 along D, which the kernel cannot do.
-        assert support.ok == (scheme.group_size != -1), (scheme.name, support.reason)
+        # -1 is one group of 2048 along D and 768 along F: 8 and 3 kernel groups of 256.
+        assert support.ok, (scheme.name, support.reason)
 
 
 def test_prepare_refuses_unsupported_weights(generator: torch.Generator) -> None:
-    config = _make_config(2, 1, 512, 64)
+    config = _make_config(2, 1, 48, 64)
     weights = _make_weights(config, Int4Scheme(group_size=-1), torch.float32, generator)
     with pytest.raises(
-        BackendUnavailableError, match=r"cpu-int4 cannot prepare.*got 512"
+        BackendUnavailableError, match=r"cpu-int4 cannot prepare.*got 48"
     ):
         CPUInt4Backend().prepare(weights, config, dtype=torch.float32)
 
@@ -339,11 +359,15 @@ def test_registry_prefers_cpu_int4_on_cpu_and_falls_back() -> None:
             unregister_backend(name)
     config = _make_config(4, 2, 512, 64)
     good = select_backend(
-        config, Int4Scheme(group_size=32), CANONICAL_LAYOUT, CPU, dtype=torch.bfloat16
+        config, Int4Scheme(group_size=-1), CANONICAL_LAYOUT, CPU, dtype=torch.bfloat16
     )
     assert good.name == "cpu-int4"
     bad = select_backend(
-        config, Int4Scheme(group_size=-1), CANONICAL_LAYOUT, CPU, dtype=torch.bfloat16
+        _make_config(4, 2, 48, 64),
+        Int4Scheme(group_size=-1),
+        CANONICAL_LAYOUT,
+        CPU,
+        dtype=torch.bfloat16,
     )
     assert bad.name == "reference"
 
