@@ -21,8 +21,10 @@ _SYM_OFFSET = 8
 # values near +amax reach 7.5 / (1 - u) steps, clamp to 7 and are off by up to
 # 7.5 / (1 - u) - 7 steps of the stored scale: 0.5294 (bf16), 0.5037 (fp16). The rest
 # stay within half a step. Asymmetric: up to 0.5 + 15u / (1 - u) steps (0.5588 bf16).
-# All of this for scales that are normal numbers of scale_dtype, and up to the float32
-# rounding of w / scale (below 1e-6 of a step).
+# All of this up to the float32 rounding of w / scale (below 1e-6 of a step). Subnormal
+# scales (fp16 below 2^-14: groups with amax under about 4.6e-4) round by up to half
+# their ulp, 2^-25, far more than u; where that rounds down they are stored one ulp up
+# (_stored_scale), so no value passes the clamp by more than the bounds above.
 _SYM_DIVISOR = 7.5
 
 
@@ -78,6 +80,9 @@ def _check_scheme_and_scale_dtype(scheme: Int4Scheme, scale_dtype: torch.dtype) 
 def _stored_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     """float32 ``scale`` rounded to ``scale_dtype``, where that keeps every group.
 
+    A subnormal of ``scale_dtype`` that rounded down is stored one ulp up (its rounding
+    can reach a third of the value), so no group's largest value passes the clamp.
+
     Raises:
         ShapeError: where a scale overflows ``scale_dtype`` (its weights would
             dequantize to inf/NaN) or a nonzero group's scale rounds to 0 (its weights
@@ -96,6 +101,12 @@ def _stored_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor
             f"from {float(nonzero.min()):.3g} to {float(nonzero.max()):.3g}; use "
             "bfloat16 or float32 scales, or rescale the weights"
         )
+    # A subnormal rounds by up to half of a fixed ulp (1.49 x fp16's smallest subnormal
+    # stores as 1 x it): where it rounded down, one ulp up, so amax / stored stays <= 7.5.
+    below = (stored.abs() < torch.finfo(scale_dtype).tiny) & (stored.float() < scale)
+    if bool(below.any()):
+        up = torch.nextafter(stored, torch.full_like(stored, float("inf")))
+        stored = torch.where(below, up, stored)
     return stored
 
 

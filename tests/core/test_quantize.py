@@ -101,13 +101,14 @@ RANGE_EDGE_CASES = {
         6,
         [0, *range(1, 16), 15],
     ),
-    # 9 * 2^-26 is an fp16 subnormal and rounds to 2^-23: -lo / scale = 16.875
+    # 9 * 2^-26 = 2.25 fp16 subnormal ulps rounds down to 2: stored one ulp up, 3 * 2^-24,
+    # so -lo / scale = 11.25 (rounded down it would be 16.875, the zero point clamped)
     "fp16-subnormal-scale": (
         [-135 * 2**-26, -(2**-23), 0.0],
         torch.float16,
-        2**-23,
-        15,
-        [0, 14, 15],
+        3 * 2**-24,
+        11,
+        [0, 10, 11],
     ),
 }
 
@@ -293,6 +294,25 @@ def test_symmetric_error_bound_with_rounded_scales(
     # values below 7.5 steps do not reach the clamp: within half a step
     unclamped = w.double() / step < 7.5
     assert float(err_steps[unclamped].max()) <= 0.5 + 1e-6
+
+
+@pytest.mark.parametrize("amax", [1.49 * 7.5 * 2**-24, 2e-5, 3e-4])
+def test_symmetric_error_bound_with_subnormal_fp16_scales(
+    amax: float, generator: torch.Generator
+) -> None:
+    # fp16 scales below 2^-14 are subnormal; rounded down by up to a third, values near
+    # +-amax would clamp several steps away. The stored scale is rounded up instead.
+    w = torch.randn(64, 32, generator=generator)
+    w = w / w.abs().amax(dim=-1, keepdim=True) * amax
+    qp = choose_qparams(w, INT4_SYM_G32, scale_dtype=torch.float16)
+    assert float(qp.scale.max()) < torch.finfo(torch.float16).tiny  # subnormal
+    codes = quantize(w, qp, INT4_SYM_G32)
+    step = qp.scale.double().repeat_interleave(32, dim=-1)
+    err_steps = (w.double() - (codes.double() - 8) * step).abs() / step
+    assert float(err_steps.max()) <= 0.5 + 1e-6
+    assert bool(
+        (qp.scale.double() >= w.double().abs().amax(-1, keepdim=True) / 7.5).all()
+    )
 
 
 @pytest.mark.parametrize("scale_dtype", list(UNIT_ROUNDOFF), ids=str)
