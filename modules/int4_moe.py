@@ -653,12 +653,23 @@ class Int4MoE(nn.Module):
 
         Raises:
             DTypeError: before anything moves, for a cast that would leave the scales
-                in a dtype no backend reads (``.double()``).
+                in a dtype no backend reads (``.double()``), or that would convert the
+                integer buffers (``.type(torch.float16)``).
             ShapeError: before anything moves, for a cast that scales or expert
                 biases do not fit (values overflowing, or nonzero ones rounding to 0,
                 as bf16 scales below fp16's range do under ``.half()``).
         """
         scale = self._buffer("w13_scale")
+        for codes in (torch.uint8, torch.int64):  # int4 codes, zero points; expert_map
+            moved = fn(torch.empty(0, dtype=codes, device=scale.device))
+            if isinstance(moved, torch.Tensor) and moved.dtype != codes:
+                raise DTypeError(
+                    f"Int4MoE cannot be cast by a function that turns its {codes} "
+                    f"buffers (int4 codes, zero points, expert_map) into {moved.dtype}, "
+                    "as Module.type(dtype) does; use .to(dtype), .half() or "
+                    ".bfloat16(), which cast only floating-point tensors (this layer "
+                    "was not cast)"
+                )
         probe = fn(torch.empty(0, dtype=scale.dtype, device=scale.device))
         if isinstance(probe, torch.Tensor) and probe.dtype != scale.dtype:
             if probe.dtype not in ACTIVATION_DTYPES:

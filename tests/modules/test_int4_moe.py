@@ -785,6 +785,22 @@ def test_a_cast_to_an_unsupported_dtype_is_refused_before_anything_moves(
     assert moe.get_buffer("w2_scale").dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32], ids=str)
+def test_module_type_is_refused_before_it_converts_the_codes(
+    dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    # Module.type(dtype) converts every buffer, the uint8 codes too; .to(dtype) does not.
+    moe, x = _routed_layer(generator)
+    before = moe(x)
+    dtypes = {name: t.dtype for name, t in moe.state_dict().items()}
+    with pytest.raises(
+        DTypeError, match=r"turns its torch\.uint8 buffers .* as Module\.type\(dtype\)"
+    ):
+        moe.type(dtype)
+    assert {name: t.dtype for name, t in moe.state_dict().items()} == dtypes
+    torch.testing.assert_close(moe(x), before, **EXACT)
+
+
 @pytest.mark.parametrize("count", [2.0, True, "2"])
 def test_num_local_experts_must_be_an_int(count: object) -> None:
     with pytest.raises(
