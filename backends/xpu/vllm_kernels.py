@@ -40,6 +40,9 @@ SWIGLUOAI_LIMIT: Final = 7.0
 SUPPORTED_TOP_K: Final = (1, 2, 4, 6, 7, 8, 10, 12, 16)
 MAX_EXPERTS: Final = 1024
 REFERENCE_ENV: Final = "VLLM_XPU_FUSED_MOE_USE_REF"
+REFERENCE_ENV_ON: Final = frozenset({"1", "ON", "TRUE", "YES", "Y"})
+"""Values (stripped, upper-cased) that turn the kernel's reference path on, as
+vllm-xpu-kernels 0.1.16.2 reads ``REFERENCE_ENV``; anything else leaves the int4 kernel."""
 
 
 class XpuFusedMoeLike(Protocol):
@@ -158,8 +161,9 @@ class VllmXpuKernelsProvider:
             return f"top_k must be one of {SUPPORTED_TOP_K}, got {config.top_k}"
         if config.num_experts > MAX_EXPERTS:
             return f"num_experts must be <= {MAX_EXPERTS}, got {config.num_experts}"
-        if os.environ.get(REFERENCE_ENV, "0") not in ("", "0"):
-            return f"{REFERENCE_ENV} is set: its reference path has no int4"
+        value = os.environ.get(REFERENCE_ENV, "")
+        if value.strip().upper() in REFERENCE_ENV_ON:
+            return f"{REFERENCE_ENV}={value!r} turns on its reference path, which has no int4"
         fixed = (SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT)
         if (
             config.activation == "swigluoai"

@@ -145,7 +145,10 @@ def test_default_loader_turns_a_failed_import_into_a_reason(
         ),
         ("top_k", "top_k must be one of (1, 2, 4, 6, 7, 8, 10, 12, 16), got 3"),
         ("experts", "num_experts must be <= 1024, got 2048"),
-        ("reference_env", "VLLM_XPU_FUSED_MOE_USE_REF is set: its reference path"),
+        (
+            "reference_env",
+            "VLLM_XPU_FUSED_MOE_USE_REF=' yes' turns on its reference path",
+        ),
         ("not_xe2", "the int4 kernel runs only on Xe2 / Xe3 GPUs"),
         ("swiglu_limit", "swigluoai needs (swiglu_alpha, swiglu_limit)=(1.702, 7.0)"),
         (
@@ -185,7 +188,7 @@ def test_refusal_reasons(
     elif case == "experts":
         config = make_config(num_experts=2048)
     elif case == "reference_env":
-        monkeypatch.setenv("VLLM_XPU_FUSED_MOE_USE_REF", "1")
+        monkeypatch.setenv("VLLM_XPU_FUSED_MOE_USE_REF", " yes")
     elif case == "not_xe2":
         pass  # the fake's architecture check answers no, below
     else:
@@ -196,6 +199,18 @@ def test_refusal_reasons(
     )
     assert not support.ok
     assert expected in support.reason
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "off", "no", "0 ", "2"])
+def test_reference_env_values_that_leave_the_int4_kernel_on(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vllm-xpu-kernels turns its reference path on only for 1 / on / true / yes / y.
+    monkeypatch.setenv("VLLM_XPU_FUSED_MOE_USE_REF", value)
+    support = fake_backend(FakeXpuKernels()).supports(
+        make_config(), INT4_SYM_G32, CANONICAL_LAYOUT, XPU, dtype=torch.bfloat16
+    )
+    assert support.ok, support.reason
 
 
 def test_ipex_refuses_activations_it_lacks() -> None:
