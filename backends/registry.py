@@ -105,13 +105,23 @@ def explain_backends(
     *,
     dtype: torch.dtype,
 ) -> list[str]:
-    """``"name: ok"`` or ``"name: <reason>"`` for every registered backend."""
+    """``"name: ok"``, ``"name: ok by name only (<reason>)"`` or ``"name: <reason>"``.
+
+    One line for every registered backend; "by name only" where ``auto`` passes a
+    backend by although it could run (``Support.explicit_only``).
+    """
     lines = []
     for name in available_backends():
         support = create_backend(name).supports(
             config, scheme, layout, device, dtype=dtype
         )
-        lines.append(f"{name}: {'ok' if support.ok else support.reason}")
+        if not support.ok:
+            verdict = support.reason
+        elif support.explicit_only:
+            verdict = f"ok by name only ({support.reason})"
+        else:
+            verdict = "ok"
+        lines.append(f"{name}: {verdict}")
     return lines
 
 
