@@ -538,12 +538,13 @@ class Int4MoE(nn.Module):
                 check_topk_ids=self.check_topk_ids,
                 router=fused_router_for(hidden_TD.device),
             )
+            # Prepared (and so checked: NotLoadedError) even for 0 tokens.
+            backend, prepared = self._ready(hidden_TD.dtype)
             if hidden_TD.shape[0] == 0 and not wants_grad(
                 hidden_TD, routing.topk_weights
             ):
                 # Contiguous, like every other output (and the custom op's fake).
                 return hidden_states.new_empty(hidden_states.shape)
-            backend, prepared = self._ready(hidden_TD.dtype)
             out_TD = run_experts(backend, prepared, hidden_TD, routing)
             return out_TD.reshape(hidden_states.shape)
 

@@ -951,14 +951,16 @@ def test_expert_map_edited_in_place_is_checked_again(
         ({"with_gate": True}, "w13_scale"),
     ],
 )
+@pytest.mark.parametrize("tokens", [3, 0])
 def test_never_loaded_module_is_refused_at_its_first_call(
-    kw: dict[str, Any], missing: str, generator: torch.Generator
+    kw: dict[str, Any], missing: str, tokens: int, generator: torch.Generator
 ) -> None:
-    """``Int4MoE(config)`` holds NaN scales until loaded; a forward says so."""
+    """``Int4MoE(config)`` holds NaN scales until loaded; a forward says so (with no
+    tokens too: nothing to compute, but the layer is not usable)."""
     moe = Int4MoE(CFG, **kw)
-    x = torch.randn(3, 128, generator=generator)
+    x = torch.randn(tokens, 128, generator=generator)
     with pytest.raises(NotLoadedError, match=rf"{missing} was never loaded"):
-        moe(x, router_logits=torch.randn(3, 8, generator=generator))
+        moe(x, router_logits=torch.randn(tokens, 8, generator=generator))
 
 
 @pytest.mark.parametrize("left_out", ["w2_scale", "gate_weight"])
