@@ -73,6 +73,8 @@ def _logits_routing(
 ) -> Routing:
     t, e = hidden_TD.shape[0], config.num_experts
     _check_same_device("router_logits", router_logits, hidden_TD)
+    if correction_bias is not None:
+        _check_same_device("correction_bias", correction_bias, hidden_TD)
     if not router_logits.dtype.is_floating_point:
         raise DTypeError(
             f"router_logits must be floating, got dtype {router_logits.dtype}"
@@ -166,8 +168,10 @@ def resolve_routing(
     Raises:
         ConfigError: when no source or two sources are given.
         ShapeError, DTypeError, DeviceError: on malformed routing tensors (a
-            ``gate_weight`` not ``(E, D)`` among them), and ShapeError for a
-            ``token_shape`` that does not hold ``T`` tokens.
+            ``gate_weight`` not ``(E, D)`` among them; DeviceError for a
+            ``router_logits``, ``topk_*``, ``gate_weight`` or ``correction_bias``
+            off ``hidden_states``' device), and ShapeError for a ``token_shape``
+            that does not hold ``T`` tokens.
     """
     _check_token_shape(hidden_TD, token_shape)
     given_topk = topk_weights is not None or topk_ids is not None
@@ -189,6 +193,9 @@ def resolve_routing(
             hidden_TD, router_logits, config, correction_bias, token_shape, router
         )
     elif gate_weight is not None:
+        _check_same_device("gate_weight", gate_weight, hidden_TD)
+        if correction_bias is not None:
+            _check_same_device("correction_bias", correction_bias, hidden_TD)
         check_shape(
             "gate_weight", gate_weight, (config.num_experts, config.hidden_size)
         )

@@ -76,7 +76,8 @@ def concat_rows(
     """Concatenate two projections along the output rows (gate then up).
 
     Raises:
-        ShapeError: when the leading dims, input dims or group sizes differ.
+        ShapeError: when the leading dims, input dims, output rows (gate and up each
+            hold ``F``) or group sizes differ.
         DTypeError: when the scale dtypes differ.
     """
     if first.qdata.shape[:-2] != second.qdata.shape[:-2] or (
@@ -85,6 +86,11 @@ def concat_rows(
         raise ShapeError(
             f"{name}: cannot stack rows of packed shapes {tuple(first.qdata.shape)} "
             f"and {tuple(second.qdata.shape)}"
+        )
+    if first.out_features != second.out_features:
+        raise ShapeError(
+            f"{name}: gate and up must have one out_features (F rows each), got "
+            f"{first.out_features} and {second.out_features}"
         )
     if first.group_size != second.group_size:
         raise ShapeError(

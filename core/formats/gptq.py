@@ -41,6 +41,7 @@ def gptq_zero_points(
     *,
     checkpoint_format: GPTQFormat | None = "gptq",
     v1_word_carry: bool = False,
+    num_columns: int | None = None,
 ) -> torch.Tensor:
     """Unpack GPTQ ``qzeros`` to true zero points ``(..., S, N)`` as int16.
 
@@ -51,6 +52,8 @@ def gptq_zero_points(
             (every stored code 7 is v1's zero point 8, every code 8 is v2's).
         v1_word_carry: v1 written by GPTQModel's whole-word arithmetic (see the
             module docstring): a stored 15 is then a zero point of 0.
+        num_columns: ``N`` when ``N % 8 != 0``: the padding nibbles of the last word
+            are dropped before anything reads them; ``None``: ``N = 8 * W``.
 
     Raises:
         ConfigError: for a v1 stored 15 without ``v1_word_carry``, an unknown format,
@@ -61,7 +64,7 @@ def gptq_zero_points(
         raise ConfigError(
             f"checkpoint_format must be `gptq` or `gptq_v2`, got {checkpoint_format!r}"
         )
-    stored = unpack_words(qzeros_SW).to(torch.int16)
+    stored = unpack_words(qzeros_SW).to(torch.int16)[..., :num_columns]
     if checkpoint_format is None:
         checkpoint_format = _symmetric_format(stored)
     if checkpoint_format == "gptq_v2":
@@ -77,7 +80,8 @@ def gptq_zero_points(
         )
     carried = (qzeros_SW.to(torch.int64) + _V1_WORD_OFFSET) & 0xFFFFFFFF
     as_int32 = torch.where(carried >= 1 << 31, carried - (1 << 32), carried)
-    return unpack_words(as_int32.to(torch.int32)).to(torch.int16)
+    # A carry only moves up, so the padding nibbles above N change no real one.
+    return unpack_words(as_int32.to(torch.int32)).to(torch.int16)[..., :num_columns]
 
 
 def _symmetric_format(stored: torch.Tensor) -> GPTQFormat:
@@ -133,11 +137,12 @@ def from_gptq(
     check_ndim("qweight", qweight, 2)
     codes_NK = unpack_words(qweight.transpose(-1, -2))
     n, k = int(codes_NK.shape[-2]), int(codes_NK.shape[-1])
-    scale_NS = scales.transpose(-1, -2)
-    if scales.ndim != qweight.ndim or scale_NS.shape[-2] != n:
+    # ndim first: a 1-D scales has no dim -2 to transpose.
+    if scales.ndim != qweight.ndim or scales.shape[-1] != n:
         raise ShapeError(
             f"scales must be (K/G, N) with N={n} from qweight, got {tuple(scales.shape)}"
         )
+    scale_NS = scales.transpose(-1, -2)
     check_leading("scales", scales, "qweight", qweight)
     stored = int(scale_NS.shape[-1])
     group, rows_B = resolve_groups(
@@ -167,14 +172,18 @@ def _zeros(
 ) -> torch.Tensor | None:
     if qzeros is None:
         return None
-    zeros_SN = gptq_zero_points(
-        qzeros, checkpoint_format=checkpoint_format, v1_word_carry=v1_word_carry
-    )
-    if zeros_SN.shape[-2] != stored or qzeros.shape[-1] != (n + 7) // 8:
+    # Shape first: the format is read from the N real zero points, not the padding.
+    if qzeros.shape[-2] != stored or qzeros.shape[-1] != (n + 7) // 8:
         raise ShapeError(
             f"qzeros must be (K/G={stored}, N/8={(n + 7) // 8}), got {tuple(qzeros.shape)}"
         )
-    return zeros_SN[..., :n].transpose(-1, -2)
+    zeros_SN = gptq_zero_points(
+        qzeros,
+        checkpoint_format=checkpoint_format,
+        v1_word_carry=v1_word_carry,
+        num_columns=n,
+    )
+    return zeros_SN.transpose(-1, -2)
 
 
 def _apply_symmetry(

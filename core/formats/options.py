@@ -437,7 +437,8 @@ def import_projection(
     """Import one projection from its tensors by suffix (``qweight``, ``weight_packed``...).
 
     Raises:
-        ConfigError: when a tensor the format needs is missing (named).
+        ConfigError: when a tensor the format needs is missing (named), the zero
+            points of a ``symmetric=False`` checkpoint among them.
         ShapeError, DTypeError: from the format's importer, for malformed tensors.
     """
     required, _ = SUFFIXES[opts.format]
@@ -468,10 +469,16 @@ def _import_awq(opts: FormatOptions, t: Mapping[str, torch.Tensor]) -> Int4Proje
 
 
 def _import_ct(opts: FormatOptions, t: Mapping[str, torch.Tensor]) -> Int4Projection:
+    zero_point = t.get("weight_zero_point")
+    if zero_point is None and opts.symmetric is False:
+        raise ConfigError(
+            "symmetric=False (an asymmetric compressed-tensors checkpoint) needs "
+            f"weight_zero_point, got None among {sorted(t)}"
+        )
     return from_compressed_tensors(
         t["weight_packed"],
         t["weight_scale"],
-        t.get("weight_zero_point"),
+        zero_point,
         t.get("weight_shape"),
         t.get("weight_g_idx"),
         group_size=opts.group_size,

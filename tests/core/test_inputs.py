@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from core.config import MoEConfig
-from core.errors import DTypeError, ShapeError
+from core.errors import DeviceError, DTypeError, ShapeError
 from core.inputs import resolve_routing
 from core.routing import Routing
 from tests.tolerances import EXACT
@@ -149,6 +149,40 @@ def test_correction_bias_shape_is_checked() -> None:
             CFG,
             router_logits=torch.zeros(3, 8),
             correction_bias=torch.zeros(1),
+        )
+
+
+@pytest.mark.parametrize(
+    ("source", "name"),
+    [
+        ("gate_weight", "gate_weight"),
+        ("router_logits", "correction_bias"),
+        ("gate_weight", "correction_bias"),
+    ],
+)
+def test_gate_and_correction_bias_off_the_hidden_device_are_refused(
+    source: str, name: str
+) -> None:
+    """A meta ``gate_weight`` would route on garbage; a ``correction_bias``
+    elsewhere would fail deep in torch. Both are named, like ``router_logits``."""
+    tensors = {
+        "router_logits": torch.zeros(3, 8),
+        "gate_weight": torch.zeros(8, 16),
+        "correction_bias": torch.zeros(8),
+    }
+    tensors[name] = tensors[name].to("meta")
+    logits = tensors["router_logits"] if source == "router_logits" else None
+    gate = tensors["gate_weight"] if source == "gate_weight" else None
+    with pytest.raises(
+        DeviceError,
+        match=rf"{name} must be on the device of hidden_states \(cpu\), got meta",
+    ):
+        resolve_routing(
+            torch.zeros(3, 16),
+            CFG,
+            router_logits=logits,
+            gate_weight=gate,
+            correction_bias=tensors["correction_bias"],
         )
 
 

@@ -110,6 +110,17 @@ def test_inconsistent_experts_are_refused(generator: torch.Generator) -> None:
         concat_rows("w13", _proj(generator, F, D), _proj(generator, F, 2 * D))
 
 
+def test_gate_and_up_of_other_row_counts_are_refused(
+    generator: torch.Generator,
+) -> None:
+    """34 gate rows and 30 up rows add up to 2F = 64 but would move gate rows to up."""
+    gate, up = [_proj(generator, F + 2, D)], [_proj(generator, F - 2, D)]
+    with pytest.raises(
+        ShapeError, match=r"w13: gate and up must have one out_features .* 34 and 30"
+    ):
+        assemble_per_expert(gate, up, [_proj(generator, D, F)])
+
+
 def test_groups_without_one_supported_size_are_refused(
     generator: torch.Generator,
 ) -> None:

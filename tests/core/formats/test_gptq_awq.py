@@ -157,6 +157,39 @@ def test_gptq_unknown_format_refuses_asymmetric_zero_points(
         from_gptq(qweight, _scales(generator), qzeros, checkpoint_format=None)
 
 
+def _padded_qzeros(code: int, pad: int, n: int, rows: int) -> torch.Tensor:
+    """qzeros ``(rows, ceil(n/8))`` with every real nibble ``code`` and the nibbles
+    past ``n`` in the last word ``pad``."""
+    nibbles = [code] * n + [pad] * (-n % 8)
+    words = [
+        sum(v << (4 * j) for j, v in enumerate(nibbles[i : i + 8]))
+        for i in range(0, len(nibbles), 8)
+    ]
+    signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+    return torch.tensor([signed] * rows, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("pad", [0, 15])
+@pytest.mark.parametrize("v1", [True, False], ids=["v1", "v2"])
+def test_gptq_unknown_format_ignores_the_padding_of_the_last_qzeros_word(
+    v1: bool, pad: int, generator: torch.Generator
+) -> None:
+    """N = 12: qzeros hold 2 words per row, the last with 4 padding nibbles that
+    neither decide the format nor count as a v1 stored 15."""
+    n = 12
+    qweight, _ = gptq_pack(_codes(generator, K, n), torch.full((K // G, n), 8))
+    qzeros = _padded_qzeros(7 if v1 else 8, pad, n, K // G)
+    scales = (torch.rand(K // G, n, generator=generator) * 0.1 + 0.01).half()
+    proj = from_gptq(qweight, scales, qzeros, checkpoint_format=None)
+    assert proj.zero_point is None
+    expected_KN = gptq_dequantize(
+        qweight, scales, qzeros, (torch.arange(K) // G).tolist(), v1=v1
+    )
+    torch.testing.assert_close(
+        dequantize_projection(proj, torch.float16).T, expected_KN, **EXACT
+    )
+
+
 def test_gptq_block_relabelled_g_idx_is_honoured(generator: torch.Generator) -> None:
     codes, zeros = (
         _codes(generator, K, N),
@@ -342,6 +375,16 @@ def test_gptq_scales_of_another_n_are_refused(generator: torch.Generator) -> Non
         from_gptq(qweight, scales[:, :8], qzeros, group_size=G)
     with pytest.raises(ShapeError, match=r"scales must be \(K/G, N\) with N=16"):
         from_gptq(qweight, scales[None], qzeros, group_size=G)
+
+
+def test_gptq_one_dim_scales_are_a_shape_error(generator: torch.Generator) -> None:
+    """1-D scales: a ShapeError naming them, not an IndexError from a transpose."""
+    qweight, scales, qzeros = _gptq_packed(generator)
+    with pytest.raises(
+        ShapeError,
+        match=r"scales must be \(K/G, N\) with N=16 from qweight, got \(16,\)",
+    ):
+        from_gptq(qweight, scales[0], qzeros, group_size=G)
 
 
 def test_awq_qzeros_of_another_group_count_are_refused(

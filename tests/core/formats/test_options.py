@@ -121,6 +121,24 @@ def test_compressed_tensors_group_of_the_experts_is_read() -> None:
         parse_quantization_config(swapped, "auto", module_names=EXPERTS)
 
 
+def test_compressed_tensors_asymmetric_without_zero_points_is_refused() -> None:
+    """``symmetric: false`` and no ``weight_zero_point``: refused, not read as 8."""
+    opts = FormatOptions(format="compressed-tensors", group_size=32, symmetric=False)
+    tensors = {
+        "weight_packed": torch.zeros(16, 8, dtype=torch.int32),
+        "weight_scale": torch.ones(16, 2),
+        "weight_shape": torch.tensor([16, 64]),
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"symmetric=False .* needs weight_zero_point, got None among "
+        r"\['weight_packed', 'weight_scale', 'weight_shape'\]",
+    ):
+        import_projection(opts, tensors)
+    symmetric = attrs.evolve(opts, symmetric=True)
+    assert import_projection(symmetric, tensors).zero_point is None
+
+
 @pytest.mark.parametrize(
     ("meta", "carry"),
     [
