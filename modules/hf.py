@@ -16,6 +16,7 @@ from torch import nn
 
 from core.config import Activation, MoEConfig
 from core.errors import BackendUnavailableError, ConfigError
+from core.quantize import dequantize_expert
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from modules.checkpoint import LoadedExperts, Source, checkpoint_names, load_experts
 from modules.int4_moe import Int4MoE
@@ -356,6 +357,107 @@ def _verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> 
     _compare(name, want, got, _PROBE_TOLERANCE.get(dtype, 2e-2), children)
 
 
+_EXPERT_PROBE_SCALES = (1.0, 30.0)
+"""Input scales of ``_verify_experts``' probes: the larger drives the experts' inputs
+where a softcap or clamp of the gate or up projection bends the activation."""
+
+
+def _verify_experts(
+    name: str, original: nn.Module, new: "Int4SparseMoeBlock", *, model_type: str
+) -> None:
+    """Refuse ``new`` unless the block's own experts compute what ``Int4MoE``'s do.
+
+    ``_verify_block`` runs the block with the int4 experts standing in for its own, so
+    it cannot see what the block's experts module computes. Here the original block
+    runs its own experts holding the dequantized int4 weights (written into its
+    parameters one expert at a time, the originals restored after), against ``new``
+    on the ``reference`` backend (float32 math on the int4 weights):
+    an expert activation other than the config's (a softcap, a clamp, a norm inside
+    the expert) shows as a difference. Skipped where the router or the experts hold
+    no values yet (meta tensors).
+
+    Raises:
+        ConfigError: naming the block, its experts' class and the difference.
+    """
+    router = new.get_submodule(new.router_name)
+    weight = next(iter(router.parameters()), None)
+    experts = original.get_submodule("experts")
+    gate_up = getattr(experts, "gate_up_proj", None)
+    down = getattr(experts, "down_proj", None)
+    if (
+        weight is None
+        or weight.is_meta
+        or not weight.is_floating_point()
+        or not isinstance(gate_up, torch.Tensor)
+        or not isinstance(down, torch.Tensor)
+        or gate_up.is_meta
+        or down.is_meta
+    ):
+        return
+    int4 = new.experts.weights
+    saved = (gate_up.detach().clone(), down.detach().clone())
+    # float32 math on the int4 weights, whatever backend runs the layer later (a
+    # 16-bit backend's roundings would hide a small difference in an fp32 model).
+    chosen = new.experts.backend
+    new.experts.backend = "reference"
+    gen = torch.Generator().manual_seed(1)
+    d = new.experts.config.hidden_size
+    modes = {m: m.training for m in (*original.modules(), *new.modules())}
+    results = []
+    try:
+        with torch.no_grad():
+            for e in range(int(int4.w13_qdata.shape[0])):
+                w13, w2 = dequantize_expert(int4, e)  # float32 (2F, D), (D, F)
+                if model_type == "gpt_oss":  # (D, 2F) gate/up interleaved, (F, D)
+                    w13 = torch.stack(w13.t().chunk(2, dim=-1), dim=-1).flatten(-2)
+                    w2 = w2.t()
+                if gate_up[e].shape != w13.shape or down[e].shape != w2.shape:
+                    raise ConfigError(
+                        f"MoE block {name!r} must hold experts of the layout its int4 "
+                        f"experts come from, got gate_up_proj {tuple(gate_up.shape)} "
+                        f"and down_proj {tuple(down.shape)} against {tuple(w13.shape)} "
+                        f"and {tuple(w2.shape)} an expert"
+                    )
+                gate_up[e].copy_(w13)
+                down[e].copy_(w2)
+            original.eval()
+            new.eval()
+            for scale in _EXPERT_PROBE_SCALES:
+                x = torch.randn(1, _PROBE_TOKENS, d, generator=gen) * scale
+                x = x.to(weight.device, gate_up.dtype)
+                want = _run(name, "its forward", original, x)
+                got = _run(name, "the int4 block's forward", new, x)
+                results.append((scale, want, got))
+    finally:
+        new.experts.backend = chosen
+        with torch.no_grad():
+            gate_up.copy_(saved[0])
+            down.copy_(saved[1])
+        for module, mode in modes.items():
+            module.training = mode
+    tolerance = _PROBE_TOLERANCE.get(gate_up.dtype, 2e-2)
+    for scale, want, got in results:
+        diff = _relative_difference(want, got)
+        if not diff <= tolerance:
+            raise ConfigError(
+                f"MoE block {name!r} must have experts that compute what Int4MoE's do "
+                f"(down(act(gate) * up), activation {new.experts.config.activation!r}), "
+                f"got {type(experts).__name__} differing by {diff:.3g} (relative L2, "
+                f"at most {tolerance:g}) on the same dequantized int4 weights, inputs "
+                f"of scale {scale:g}: its experts compute something else (a softcap "
+                "or clamp of their projections, say)"
+            )
+
+
+def _relative_difference(want: object, got: object) -> float:
+    """Relative L2 difference of two outputs' first tensors (a block's output)."""
+    a = want[0] if isinstance(want, tuple) else want
+    b = got[0] if isinstance(got, tuple) else got
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return 0.0
+    return float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
+
+
 def _run(name: str, what: str, block: nn.Module, x: torch.Tensor) -> object:
     try:
         out: object = block(x)
@@ -602,6 +704,7 @@ def replace_moe_blocks(
         )
         new = _replacement(block, experts, routing=routing, model_type=model_type)
         _verify_block(name, block, new)
+        _verify_experts(name, block, new, model_type=model_type)
         experts.invalidate_prepared()  # the check's: not held beside the others
         return new
 

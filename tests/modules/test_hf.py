@@ -6,6 +6,7 @@ rounding only), and against the original float model (int4 error, SQNR floor).
 """
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -611,6 +612,47 @@ def test_a_shared_expert_under_another_name_is_refused() -> None:
     ):
         replace_moe_blocks(model, backend="reference")
     _assert_left_alone(model)
+
+
+class _SoftcappedSilu(nn.Module):
+    """silu of the gate softcapped at ``cap`` (as some families' experts do)."""
+
+    def __init__(self, cap: float) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(self.cap * torch.tanh(g / self.cap))
+
+
+@pytest.mark.parametrize(
+    ("act", "scale"), [(nn.GELU(), "1"), (_SoftcappedSilu(1.0), "(1|30)")]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_experts_computing_another_activation_are_refused(
+    act: nn.Module, scale: str, dtype: torch.dtype
+) -> None:
+    """The block's own experts module computes something else than the config's
+    ``act(gate) * up`` (another activation, a softcap): the check on the same int4
+    experts cannot see it; running the block's own experts on the dequantized int4
+    weights does. Only the last block's experts differ: no block is replaced, and the
+    first block's experts keep their float weights (restored after the check)."""
+    model = _build("qwen3_moe")
+    nn.Module.to(model, dtype)
+    names = list(find_moe_blocks(model))
+    first = model.get_submodule(f"{names[0]}.experts")
+    before = [p.clone() for p in first.parameters()]
+    model.get_submodule(f"{names[-1]}.experts").act_fn = act
+    with pytest.raises(
+        ConfigError,
+        match=rf"block '{re.escape(names[-1])}' must have experts that compute what "
+        rf"Int4MoE's do \(down\(act\(gate\) \* up\), activation 'silu'\), got "
+        rf"Qwen3MoeExperts differing by [0-9.e-]+ .* inputs of scale {scale}:",
+    ):
+        replace_moe_blocks(model, backend="reference")
+    _assert_left_alone(model)
+    for p, q in zip(first.parameters(), before, strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
 def test_a_block_scaling_its_output_is_refused(generator: torch.Generator) -> None:
