@@ -155,8 +155,13 @@ class Int4SparseMoeBlock(nn.Module):
         shared: optional ``{name: module}`` of ``shared_expert(s)`` and
             ``shared_expert_gate`` (Qwen2-MoE's sigmoid gate on the shared expert).
         routing: `model` uses the router's own top-k weights and ids (exactly the
-            model's semantics); `config` routes the logits with ``experts.config``.
+            model's semantics); `config` routes the logits with ``experts.config``
+            (and ``experts``' copy of a correction bias, made at replacement: update
+            it with the router's).
         returns_router_scores: return ``(hidden, router_scores)`` like gpt-oss.
+        jitter_noise: Mixtral's ``router_jitter_noise``: in training mode the hidden
+            states are scaled by uniform noise in ``[1 - j, 1 + j]`` before the router
+            and experts, as the original block does (0: never).
     """
 
     def __init__(
@@ -168,6 +173,7 @@ class Int4SparseMoeBlock(nn.Module):
         shared: Mapping[str, nn.Module],
         routing: RoutingMode = "model",
         returns_router_scores: bool = False,
+        jitter_noise: float = 0.0,
     ) -> None:
         super().__init__()
         if routing not in ("model", "config"):
@@ -180,6 +186,7 @@ class Int4SparseMoeBlock(nn.Module):
         self.shared_names = tuple(n for n in shared if n != "shared_expert_gate")
         self.routing = routing
         self.returns_router_scores = returns_router_scores
+        self.jitter_noise = float(jitter_noise)
         # The router's own top-k over the experts makes the ids: in range by
         # construction, so the layer skips its per-call check (Int4MoE.check_topk_ids).
         experts.check_topk_ids = routing != "model"
@@ -196,6 +203,10 @@ class Int4SparseMoeBlock(nn.Module):
         self, hidden_states: torch.Tensor
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(..., D)`` to ``(..., D)`` (gpt-oss: also the router scores ``(T, K)``)."""
+        if self.training and self.jitter_noise > 0:
+            j = self.jitter_noise
+            noise = torch.empty_like(hidden_states).uniform_(1.0 - j, 1.0 + j)
+            hidden_states = hidden_states * noise
         x_TD = hidden_states.reshape(-1, hidden_states.shape[-1])
         logits_TE, weights_TK, ids_TK = self.get_submodule(self.router_name)(x_TD)
         if self.routing == "model":
@@ -734,7 +745,14 @@ def _replacement(
         shared=shared,
         routing=routing,
         returns_router_scores=model_type == "gpt_oss",
+        jitter_noise=_jitter_noise(block),
     )
+
+
+def _jitter_noise(block: nn.Module) -> float:
+    """The block's ``jitter_noise`` (Mixtral's ``router_jitter_noise``), or 0."""
+    value = getattr(block, "jitter_noise", 0.0)
+    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def _check_checkpoint_has(checkpoint: Source, blocks: Mapping[str, nn.Module]) -> None:

@@ -655,6 +655,40 @@ def test_experts_computing_another_activation_are_refused(
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
+def test_mixtral_router_jitter_runs_in_training_as_in_the_original() -> None:
+    """Mixtral's block scales its hidden states by uniform noise in training mode
+    (``router_jitter_noise``): the replacement draws the same noise the same way."""
+    model = _build("mixtral")
+    names = list(find_moe_blocks(model))
+    for name in names:
+        setattr(model.get_submodule(name), "jitter_noise", 0.1)  # noqa: B010  # typed Module
+    original = copy.deepcopy(model)
+    replace_moe_blocks(model, backend="reference")
+    _load_dequantized(original, model, names, gpt_oss=False)
+    new, old = model.get_submodule(names[0]), original.get_submodule(names[0])
+    assert isinstance(new, Int4SparseMoeBlock)
+    assert new.jitter_noise == 0.1
+    x = torch.randn(1, 5, model.config.hidden_size)
+
+    def run(block: nn.Module, seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = block(x.clone())  # the original scales its input in place
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    old.train()
+    new.train()
+    want = run(old, 3)
+    torch.testing.assert_close(run(new, 3), want, **KERNEL_VS_ORACLE[torch.float32])
+    assert not torch.equal(run(new, 4), want)  # other noise: the jitter ran
+    old.eval()
+    new.eval()
+    torch.testing.assert_close(
+        run(new, 4), run(old, 5), **KERNEL_VS_ORACLE[torch.float32]
+    )
+
+
 def test_a_block_scaling_its_output_is_refused(generator: torch.Generator) -> None:
     """A factor applied in the block's own forward (not by its router) would be lost.
     Only the last block does it here: the first is not replaced either."""
