@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from core.config import Activation, MoEConfig
-from core.errors import BackendUnavailableError, ConfigError
+from core.errors import BackendUnavailableError, ConfigError, DeviceError
 from core.quantize import dequantize_expert
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from modules.checkpoint import LoadedExperts, Source, checkpoint_names, load_experts
@@ -585,12 +585,20 @@ def _int4_experts(
         raise ConfigError(
             "loading gpt-oss int4 experts from a checkpoint is not supported"
         )
+    device = _param(block.get_submodule("experts"), "gate_up_proj").device
+    if device.type == "meta":
+        raise DeviceError(
+            f"MoE block {name!r} must hold its float experts on a real device to take "
+            "int4 experts from a checkpoint (they are loaded where those are), got "
+            "them on the meta device: materialize the model first (to_empty and "
+            "load_state_dict, or from_pretrained)"
+        )
     loaded = _load_block(
         checkpoint,
         name,
         config,
         quantization_config=quantization_config,
-        device=_param(block.get_submodule("experts"), "gate_up_proj").device,
+        device=device,
     )
     return Int4MoE.from_quantized(
         loaded.weights, config=config, backend=backend, e_score_correction_bias=bias

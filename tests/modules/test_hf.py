@@ -45,7 +45,7 @@ from transformers.activations import ACT2FN
 
 from core.activation import apply_activation
 from core.config import MoEConfig
-from core.errors import BackendUnavailableError, ConfigError
+from core.errors import BackendUnavailableError, ConfigError, DeviceError
 from core.formats import export_expert_weights
 from core.quantize import dequantize_expert_weights
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
@@ -653,6 +653,26 @@ def test_experts_computing_another_activation_are_refused(
     _assert_left_alone(model)
     for p, q in zip(first.parameters(), before, strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_a_checkpoint_into_a_model_on_meta_is_a_device_error() -> None:
+    """Int4 experts are loaded where the block's float experts are: not on meta."""
+    source = _build("qwen3_moe")
+    names = replace_moe_blocks(source, backend="reference")
+    state: dict[str, torch.Tensor] = {}
+    for name in names:
+        int4 = source.get_submodule(f"{name}.experts")
+        assert isinstance(int4, Int4MoE)
+        state |= export_expert_weights(int4.weights, prefix=f"{name}.experts")
+    with torch.device("meta"):
+        model = MODELS["qwen3_moe"]()
+    with pytest.raises(
+        DeviceError,
+        match=r"block 'model\.layers\.0\.mlp' must hold its float experts on a real "
+        r"device .* got them on the meta device",
+    ):
+        replace_moe_blocks(model, checkpoint=state)
+    _assert_left_alone(model)
 
 
 def test_mixtral_router_jitter_runs_in_training_as_in_the_original() -> None:
