@@ -698,10 +698,17 @@ def replace_moe_blocks(
             "(replace_moe_blocks was called on it before)"
         )
     if not blocks:
+        mxfp4 = any(hasattr(m, "gate_up_proj_blocks") for m in model.modules())
         raise ConfigError(
             f"model must have sparse MoE blocks (a `gate` or `router` child and "
             f"`experts` with a 3-D `gate_up_proj`), got none in {type(model).__name__} "
             f"although its config declares {config.num_experts} experts"
+            + (
+                " (its experts hold MXFP4 blocks: load the model with "
+                "transformers' Mxfp4Config(dequantize=True) for float experts)"
+                if mxfp4
+                else ""
+            )
         )
     # Checked before any block is built: each block's structure and the checkpoint's
     # names; then every replacement is built and checked before any is swapped in.

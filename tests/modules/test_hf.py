@@ -786,6 +786,23 @@ def test_a_model_without_blocks_of_the_layout_says_so() -> None:
         replace_moe_blocks(model, backend="reference")
 
 
+def test_mxfp4_experts_are_refused_with_the_way_to_float_ones() -> None:
+    """gpt-oss loaded in MXFP4 keeps ``gate_up_proj_blocks`` instead of float
+    ``gate_up_proj``: the error says how to load float experts."""
+    model = _build("gpt_oss")
+    for name in find_moe_blocks(model):
+        experts = model.get_submodule(f"{name}.experts")
+        blocks = experts.get_parameter("gate_up_proj").detach().to(torch.uint8)
+        del experts.gate_up_proj
+        experts.register_buffer("gate_up_proj_blocks", blocks)
+    with pytest.raises(
+        ConfigError,
+        match=r"got none in GptOssForCausalLM although its config declares \d+ experts "
+        r"\(its experts hold MXFP4 blocks: .*Mxfp4Config\(dequantize=True\)",
+    ):
+        replace_moe_blocks(model, backend="reference")
+
+
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "deepseek_v3"])
 def test_a_replaced_model_saved_by_transformers_loads_back(
     name: str, generator: torch.Generator, tmp_path: Path
