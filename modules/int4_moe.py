@@ -48,7 +48,7 @@ from modules.buffers import (
     local_experts,
 )
 from modules.custom_op import STATE, describe_layer, forward_op, register_layer
-from modules.prepared import PreparedCache
+from modules.prepared import PreparedCache, version
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is 3.11+; torch needs this package
@@ -424,7 +424,11 @@ class Int4MoE(nn.Module):
         return None if self._prepared is None else self._prepared.backend.name
 
     def invalidate_prepared(self) -> None:
-        """Drop the backend's prepared form (call after editing buffers in place)."""
+        """Drop the backend's prepared form.
+
+        In-place edits of buffers made under ``torch.inference_mode`` need it (they
+        keep no version counter); other edits are seen without it.
+        """
         self._prepared = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -604,7 +608,7 @@ class Int4MoE(nn.Module):
         emap = self._optional_buffer("expert_map")
         if emap is None:
             return
-        mark = (emap, emap.data_ptr(), _version(emap))
+        mark = (emap, emap.data_ptr(), version(emap))
         seen = self._checked_map
         if seen is not None and seen[0] is emap and seen[1:] == mark[1:]:
             return
@@ -743,16 +747,6 @@ def _check_optional_tensors(**tensors: object) -> None:
 
 _CODE_BUFFERS = ("w13_qdata", "w2_qdata", "w13_zero_point", "w2_zero_point")
 _FLOAT_BUFFERS = ("w13_scale", "w2_scale", "w13_bias", "w2_bias")
-
-
-def _version(tensor: torch.Tensor) -> int:
-    """The version counter of ``tensor``, which in-place edits bump.
-
-    ``-1`` for an inference tensor, which keeps none (in-place edits of one go unseen).
-    """
-    if tensor.is_inference():
-        return -1
-    return int(tensor._version)
 
 
 def _frozen(

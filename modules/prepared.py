@@ -38,6 +38,20 @@ def _data_ptrs(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
     return tuple(0 if t is None else t.data_ptr() for t in sources)
 
 
+def version(tensor: torch.Tensor) -> int:
+    """The version counter of ``tensor``, which in-place edits bump.
+
+    ``-1`` for an inference tensor, which keeps none (in-place edits of one go unseen).
+    """
+    if tensor.is_inference():
+        return -1
+    return int(tensor._version)
+
+
+def _versions(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
+    return tuple(-1 if t is None else version(t) for t in sources)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class PreparedCache:
     """A backend's prepared experts, valid while the weight buffers stay the same.
@@ -49,6 +63,8 @@ class PreparedCache:
         sources: each of ``WEIGHT_BUFFERS`` (``None`` where absent) at prepare time;
             held, so no other tensor can take their identity.
         data_ptrs: their data pointers then (catches ``buffer.data = ...``).
+        versions: their version counters then (catches in-place edits, such as
+            ``moe.w13_scale.mul_(2)`` or a ``copy_`` into a buffer; ``version``).
         backend: the backend chosen.
         prepared: its prepared form.
     """
@@ -57,6 +73,7 @@ class PreparedCache:
     dtypes: frozenset[torch.dtype]
     sources: tuple[torch.Tensor | None, ...]
     data_ptrs: tuple[int, ...]
+    versions: tuple[int, ...]
     backend: MoEBackend
     prepared: PreparedExperts
 
@@ -77,6 +94,7 @@ class PreparedCache:
             dtypes=frozenset((dtype,)),
             sources=sources,
             data_ptrs=_data_ptrs(sources),
+            versions=_versions(sources),
             backend=backend,
             prepared=prepared,
         )
@@ -84,14 +102,16 @@ class PreparedCache:
     def has_weights(self, device: torch.device, buffers: Buffers) -> bool:
         """Whether it was built on ``device`` from the very tensors in ``buffers``.
 
-        Each buffer must be the same tensor on the same memory; in-place edits are
-        not seen (``Int4MoE.invalidate_prepared`` is for those).
+        Each buffer must be the same tensor on the same memory, not edited in place
+        since (its version counter; tensors made under ``torch.inference_mode`` keep
+        none, so their in-place edits need ``Int4MoE.invalidate_prepared``).
         """
         now = _sources(buffers)
         return (
             device == self.device
             and all(a is b for a, b in zip(now, self.sources, strict=True))
             and _data_ptrs(now) == self.data_ptrs
+            and _versions(now) == self.versions
         )
 
     def is_current(self, key: PreparedKey, buffers: Buffers) -> bool:

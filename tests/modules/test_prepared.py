@@ -132,6 +132,56 @@ def test_cache_is_stale_after_any_weight_buffer_changes(
     assert not cache.is_current(key, dict(moe.named_buffers()))
 
 
+def _edit_in_place(moe: Int4MoE, name: str) -> None:
+    """Change one weight buffer in place (same tensor, same memory)."""
+    t = moe.get_buffer(name)
+    with torch.no_grad():
+        if t.dtype == torch.uint8:
+            t.copy_(t.roll(1, dims=1))
+        else:
+            t.mul_(2)
+
+
+@pytest.mark.parametrize("name", WEIGHT_BUFFERS)
+def test_weights_edited_in_place_are_prepared_again(
+    name: str, generator: torch.Generator
+) -> None:
+    moe = _module(
+        generator,
+        INT4_ASYM_G32,
+        config=BIASED,
+        w13_bias=torch.randn(8, 128, generator=generator) * 0.1,
+        w2_bias=torch.randn(8, 128, generator=generator) * 0.1,
+    )
+    x = torch.randn(6, 128, generator=generator, dtype=torch.bfloat16)
+    logits = torch.randn(6, 8, generator=generator)
+    before = moe(x, router_logits=logits)
+    prepared = moe._prepared
+    moe(x, router_logits=logits)
+    assert moe._prepared is prepared  # nothing edited: not prepared again
+    _edit_in_place(moe, name)
+    expected = moe_forward_reference(x, moe.weights, route_topk(logits, BIASED), BIASED)
+    tol = KERNEL_VS_ORACLE[torch.bfloat16]
+    assert not torch.allclose(before, expected, **tol)
+    torch.testing.assert_close(moe(x, router_logits=logits), expected, **tol)
+    assert moe._prepared is not prepared
+
+
+def test_inference_tensors_edited_in_place_need_invalidate_prepared(
+    generator: torch.Generator,
+) -> None:
+    """Tensors made under inference mode keep no version counter."""
+    with torch.inference_mode():
+        moe = _module(generator)
+        x = torch.randn(6, 128, generator=generator, dtype=torch.bfloat16)
+        logits = torch.randn(6, 8, generator=generator)
+        before = moe(x, router_logits=logits)
+        moe.get_buffer("w2_scale").mul_(2)
+        torch.testing.assert_close(moe(x, router_logits=logits), before, **EXACT)
+        moe.invalidate_prepared()
+        assert not torch.allclose(moe(x, router_logits=logits), before)
+
+
 @pytest.mark.parametrize("how", ["torch.save", "deepcopy"])
 def test_copies_leave_the_prepared_form_out(
     how: str, generator: torch.Generator
