@@ -78,7 +78,7 @@ class _ExpertsFunction(torch.autograd.Function):
             )
         if torch.is_grad_enabled():  # create_graph=True
             grad_x_TD, grad_w_TK = _NoSecondDerivative.apply_to(
-                (grad_x_TD, grad_w_TK), hidden_TD, topk_weights_TK
+                (grad_x_TD, grad_w_TK), hidden_TD, topk_weights_TK, grad_TD
             )
         need_x, need_w = ctx.needs_input_grad[:2]
         return (
@@ -96,7 +96,9 @@ class _NoSecondDerivative(torch.autograd.Function):
     The backward is not differentiable (reference math under ``no_grad``). Without
     this, a second derivative would silently lack the layer's terms; with it, the
     first derivative works and a second one through the layer raises. The layer's
-    inputs are inputs here too, so that the gradients stay connected to them.
+    inputs and the incoming gradient are inputs here too, so that the gradients stay
+    connected to them (a loss whose gradient at the layer's output depends on a
+    parameter after the layer, differentiated twice, reaches this backward too).
     """
 
     @staticmethod
@@ -104,10 +106,9 @@ class _NoSecondDerivative(torch.autograd.Function):
         ctx: Any,
         grad_x_TD: torch.Tensor,
         grad_w_TK: torch.Tensor,
-        hidden_TD: torch.Tensor,
-        topk_weights_TK: torch.Tensor,
+        *inputs: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        del ctx, hidden_TD, topk_weights_TK
+        del ctx, inputs
         return grad_x_TD.view_as(grad_x_TD), grad_w_TK.view_as(grad_w_TK)
 
     @staticmethod

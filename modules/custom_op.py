@@ -37,7 +37,7 @@ import torch
 
 from core.config import MoEConfig
 from core.scheme import Int4Mapping, Int4Scheme
-from modules.prepared import WEIGHT_BUFFERS
+from modules.prepared import WEIGHT_BUFFERS, version
 
 if TYPE_CHECKING:
     from modules.int4_moe import Int4MoE
@@ -63,6 +63,7 @@ class _Shadow:
 
     state: tuple["weakref.ReferenceType[torch.Tensor] | None", ...]
     data_ptrs: tuple[int, ...]
+    versions: tuple[int, ...]
     spec: str
     layer: "Int4MoE"
     token: object
@@ -70,7 +71,10 @@ class _Shadow:
     def serves(self, state: list[torch.Tensor | None], spec: str) -> bool:
         """Whether it was built from exactly ``state`` under ``spec``.
 
-        The same tensors on the same memory: ``t.data = ...`` is seen.
+        The same tensors on the same memory, not edited in place since: ``t.data =
+        ...``, ``copy_`` and ``load_state_dict`` into them are seen (version counters;
+        inference tensors keep none). The layer copies the router's tensors, so an
+        edit of those must build it again.
         """
         return (
             all(
@@ -78,12 +82,17 @@ class _Shadow:
                 for r, t in zip(self.state, state, strict=True)
             )
             and _data_ptrs(state) == self.data_ptrs
+            and _versions(state) == self.versions
             and self.spec == spec
         )
 
 
 def _data_ptrs(state: list[torch.Tensor | None]) -> tuple[int, ...]:
     return tuple(0 if t is None else t.data_ptr() for t in state)
+
+
+def _versions(state: list[torch.Tensor | None]) -> tuple[int, ...]:
+    return tuple(-1 if t is None else version(t) for t in state)
 
 
 _SHADOWS: Final[dict[tuple[int, ...], _Shadow]] = {}
@@ -162,6 +171,7 @@ def _shadow(
     entry = _Shadow(
         state=tuple(None if t is None else weakref.ref(t, drop) for t in state),
         data_ptrs=_data_ptrs(state),
+        versions=_versions(state),
         spec=spec,
         layer=layer,
         token=token,

@@ -136,7 +136,6 @@ class Int4MoE(nn.Module):
         self.check_topk_ids = True
         # The expert_map last checked, its memory and its version counter.
         self._checked_map: tuple[torch.Tensor, int, int] | None = None
-        register_layer(self)  # findable by the compiled graphs' op
         local = expert_map_size(config, num_local_experts)
         specs = canonical_buffer_specs(config, scheme, local, dtype)
         for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS):  # absent ones read as None
@@ -163,6 +162,7 @@ class Int4MoE(nn.Module):
         # torch leaves these public hook APIs unannotated.
         self.register_load_state_dict_pre_hook(_check_loaded_state)  # type: ignore[no-untyped-call]
         self.register_load_state_dict_post_hook(_invalidate_after_load)  # type: ignore[no-untyped-call]
+        register_layer(self)  # findable by the compiled graphs' op, once whole
 
     if TYPE_CHECKING:
 

@@ -119,6 +119,22 @@ def test_a_second_derivative_raises(generator: torch.Generator) -> None:
         torch.autograd.grad(grad_x.sum(), x)
 
 
+def test_a_second_derivative_through_the_incoming_gradient_raises(
+    generator: torch.Generator,
+) -> None:
+    """A parameter after the layer scales its output: the gradient at the input then
+    depends on it through the layer's backward, and differentiating that raises (it
+    silently left the layer's term out before)."""
+    moe = _layer(generator)
+    x = torch.randn(3, CONFIG.hidden_size, generator=generator).requires_grad_()
+    s = torch.randn(CONFIG.hidden_size, generator=generator).requires_grad_()
+    logits = torch.randn(3, CONFIG.num_experts, generator=generator)
+    loss = ((x + moe(x, router_logits=logits)) * s).sum()
+    (grad_x,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="Int4MoE has no second derivative"):
+        torch.autograd.grad(grad_x.sum(), s)
+
+
 @pytest.mark.parametrize(
     "backend", ["cpu-int4", pytest.param("triton-w4a16", marks=INTERPRETER_ONLY)]
 )

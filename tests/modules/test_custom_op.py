@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from core.config import MoEConfig
+from core.errors import ConfigError
 from modules import Int4MoE, custom_op
 from modules.custom_op import STATE, forward_op
 from tests.tolerances import EXACT
@@ -192,6 +193,47 @@ def test_a_shadow_sees_new_memory_and_yields_to_a_live_layer(
     taker.invalidate_prepared()
     torch.testing.assert_close(
         forward_op(x, None, None, None, taker.op_state(), taker.op_spec), expected
+    )
+
+
+@pytest.mark.parametrize("name", ["w2_scale", "w13_qdata", "gate_weight"])
+def test_a_shadow_sees_in_place_edits(name: str, generator: torch.Generator) -> None:
+    """``copy_`` into a tensor a shadow was built on (``load_state_dict`` into an
+    exported program's module does that) runs the new values: the weights through
+    the layer's own prepared form, the router's, which the layer copies, by building
+    the shadow again."""
+    moe, other = _layer(generator), _layer(generator)
+    x = torch.randn(2, 64, generator=generator)
+    tensors = [None if t is None else t.clone() for t in moe.op_state()]
+    spec = moe.op_spec
+    torch.testing.assert_close(forward_op(x, None, None, None, tensors, spec), moe(x))
+    target = tensors[STATE.index(name)]
+    assert target is not None
+    with torch.no_grad():
+        target.copy_(other.get_parameter(name) if name == "gate_weight" else
+                     other.get_buffer(name))  # fmt: skip
+        moe_state = moe.state_dict()
+        moe_state[name] = target.clone()
+        moe.load_state_dict(moe_state)
+    expected = moe(x)
+    torch.testing.assert_close(
+        forward_op(x, None, None, None, tensors, spec), expected, **EXACT
+    )
+
+
+def test_a_layer_whose_construction_failed_is_not_found_by_the_op(
+    generator: torch.Generator,
+) -> None:
+    """The op scans the live layers; a half-built one (its constructor raised, the
+    exception kept alive) must not be among them."""
+    with pytest.raises(ConfigError) as failed:
+        Int4MoE(CFG, num_local_experts=100)
+    assert failed.value.__traceback__ is not None  # the half-built layer stays alive
+    moe = _layer(generator)
+    x = torch.randn(2, 64, generator=generator)
+    tensors = [None if t is None else t.clone() for t in moe.op_state()]
+    torch.testing.assert_close(
+        forward_op(x, None, None, None, tensors, moe.op_spec), moe(x), **EXACT
     )
 
 
