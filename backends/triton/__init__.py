@@ -288,7 +288,7 @@ class TritonEmulationBackend:
                     f"triton-emulation's {name} dequantized to {sixteen_bit} must be "
                     f"finite, got values past its range (largest int4 weight "
                     f"{_largest_weight(weights, name):.3g}); run the layer in bf16 "
-                    "or on triton-w4a16, which keeps the scales apart"
+                    "(triton-w4a16 in fp16 dequantizes to fp16 at prefill as well)"
                 )
         return TritonEmulationPrepared(
             weights=weights,

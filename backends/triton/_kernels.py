@@ -433,7 +433,8 @@ def _reduce_topk_kernel(
             ptrs = part_ptr + split_off + pair.to(tl.int64) * stride_pm + offs_d
             row += tl.load(ptrs, mask=d_mask & held, other=0.0).to(tl.float32)
         if WEIGHTED:
-            row = row * tl.load(topk_weights_ptr + pair)
+            # masked too: a dropped pair's weight may be anything (NaN * 0 is NaN)
+            row = row * tl.load(topk_weights_ptr + pair, mask=held, other=0.0)
         acc += row
     tl.store(
         out_ptr + t.to(tl.int64) * stride_om + offs_d,

@@ -161,9 +161,13 @@ def pdl_launch_options(*, on: bool) -> dict[str, bool]:
 def ptx_target(a: torch.Tensor) -> bool:
     """Whether kernels may use inline NVIDIA PTX: CUDA tensors, not the interpreter.
 
-    Intel's Triton (XPU) and the CPU interpreter take the same bits by plain Triton ops.
+    Intel's Triton (XPU), ROCm (whose GPUs are torch's ``cuda`` too) and the CPU
+    interpreter take the same bits by plain Triton ops; programmatic dependent launch
+    and TMA (``pdl_target``, ``tma_target``) follow this answer.
     """
-    return a.device.type == "cuda" and not is_interpreting()
+    return (
+        a.device.type == "cuda" and torch.version.hip is None and not is_interpreting()
+    )
 
 
 def _operand_dtype(dtype: torch.dtype) -> object:

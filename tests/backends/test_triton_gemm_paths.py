@@ -7,6 +7,9 @@ int4 weights match the float32 oracle up to one-ulp output flips here
 (``INTERPRETER_INT4_*``); 16-bit weights keep the kernel tolerances.
 """
 
+from types import SimpleNamespace
+from typing import cast
+
 import attrs
 import pytest
 import torch
@@ -322,6 +325,21 @@ def test_inline_ptx_is_for_cuda_tensors_only() -> None:
     """Intel's Triton (XPU) and the interpreter get the same bits from plain Triton ops."""
     assert not ptx_target(torch.empty(1))
     assert not ptx_target(torch.empty(1, device="meta"))
+
+
+@pytest.mark.parametrize("hip", [None, "6.2"])
+def test_inline_ptx_pdl_and_tma_are_for_nvidia_only(
+    hip: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ROCm's GPUs are torch's ``cuda`` devices too: no PTX, PDL or TMA there."""
+    monkeypatch.setattr(launch, "is_interpreting", lambda: False)  # cached: not the env
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(launch, "_capability", lambda _: 9)
+    on_gpu = cast("torch.Tensor", SimpleNamespace(device=torch.device("cuda", 0)))
+    nvidia = hip is None
+    assert ptx_target(on_gpu) == nvidia
+    assert launch.pdl_target(on_gpu) == nvidia
+    assert launch.tma_target(on_gpu) == nvidia
 
 
 @pytest.mark.parametrize("path", ["gemm", "gemv"])

@@ -95,10 +95,11 @@ def _check(
     weights = weights_for(scheme, dtype, generator)
     hidden_TD = torch.randn(tokens, D, generator=generator).to(dtype)
     routing = route_topk(torch.randn(tokens, E, generator=generator), config)
-    if drop and tokens:
-        ids = routing.topk_ids.clone()
+    if drop and tokens:  # a dropped pair adds zero, whatever its weight
+        ids, weights_TK = routing.topk_ids.clone(), routing.topk_weights.clone()
         ids[::2, 0] = -1
-        routing = Routing(topk_weights=routing.topk_weights, topk_ids=ids)
+        weights_TK[::2, 0] = float("nan")
+        routing = Routing(topk_weights=weights_TK, topk_ids=ids)
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     actual = _run(name, weights, hidden_TD, routing, config)
     assert actual.dtype == dtype
