@@ -4,6 +4,7 @@ Pure metadata (attrs, frozen, hashable). Imports only stdlib and attrs.
 """
 
 import math
+import operator
 from numbers import Integral
 from typing import Literal, SupportsIndex, TypeAlias
 
@@ -21,15 +22,22 @@ GROUP_SCORES: tuple[GroupScore, ...] = ("max", "top2_sum")
 
 
 def _to_int(value: SupportsIndex) -> SupportsIndex:
-    """Converter: a non-bool integer of any type (``numpy.int64``, say) as an ``int``.
+    """Converter: a non-bool integer of any type as an ``int``.
 
-    Anything else (bool, float, str) comes through unchanged, for the validator to
-    refuse by the field's name.
+    ``numbers.Integral`` (``numpy.int64``, say) and anything else with ``__index__``,
+    as the annotation promises (a 0-d integer tensor). Anything else (bool of any
+    kind, float, str, a tensor of several values) comes through unchanged, for the
+    validator to refuse by the field's name.
     """
     given: object = value  # untyped callers can pass anything
-    if isinstance(given, bool) or not isinstance(given, Integral):  # True, 2.0
+    if isinstance(given, bool) or "bool" in str(getattr(given, "dtype", "")):
+        return value  # True, numpy.True_, torch.tensor(True)
+    if isinstance(given, Integral):
+        return int(given)
+    try:
+        return operator.index(given)  # type: ignore[arg-type]  # checked at runtime
+    except TypeError:  # 2.0, "2", a float tensor
         return value
-    return int(given)
 
 
 def _check_positive_int(name: str, value: object) -> None:

@@ -827,6 +827,21 @@ def _check_state_scheme(
             f"a state that {got} ({prefix}w13_zero_point): build the module with the "
             "scheme the state was saved with (Int4MoE(config, scheme=...))"
         )
+    c = module.config
+    for name in ("w13_qdata", "w2_qdata"):  # sizes first: a group count follows them
+        loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
+        if (
+            isinstance(loaded, torch.Tensor)
+            and buffer is not None
+            and loaded.shape[-2:] != buffer.shape[-2:]
+        ):
+            raise ConfigError(
+                f"state_dict {prefix}{name} must have rows x packed columns "
+                f"{tuple(buffer.shape[-2:])} for this Int4MoE (hidden_size="
+                f"{c.hidden_size}, intermediate_size={c.intermediate_size}), got "
+                f"{tuple(loaded.shape[-2:])}: build the module with the config the "
+                "state was saved with"
+            )
     for name, size in (
         ("w13_scale", module.config.hidden_size),
         ("w2_scale", module.config.intermediate_size),

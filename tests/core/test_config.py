@@ -3,6 +3,7 @@
 from typing import Any
 
 import pytest
+import torch
 
 from core.config import MoEConfig
 from core.errors import ConfigError, ConfigTypeError, Int4MoEError
@@ -115,6 +116,26 @@ def test_numpy_bools_and_floats_are_still_refused(field: str) -> None:
         ConfigTypeError, match=rf"{field} must be an int, got bool True"
     ):
         MoEConfig(**{**sizes, field: True})
+
+
+@pytest.mark.parametrize("field", INT_FIELDS)
+def test_zero_dim_integer_tensors_are_accepted_as_the_annotation_says(
+    field: str,
+) -> None:
+    """The sizes are typed ``SupportsIndex``: what has ``__index__`` is an int."""
+    sizes = {**SIZES, "num_expert_group": 2, "topk_group": 1}
+    config = MoEConfig(**{**sizes, field: torch.tensor(sizes[field])})
+    assert type(getattr(config, field)) is int
+    assert config == MoEConfig(**sizes)
+    for bad, shown in (
+        (torch.tensor(True), "Tensor"),
+        (torch.tensor(2.0), "Tensor"),
+        (torch.tensor([1, 2]), "Tensor"),
+    ):
+        with pytest.raises(
+            ConfigTypeError, match=rf"{field} must be an int, got {shown}"
+        ):
+            MoEConfig(**{**sizes, field: bad})
 
 
 def test_numpy_ints_are_range_checked() -> None:

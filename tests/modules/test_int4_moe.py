@@ -5,6 +5,7 @@ import copy
 import gc
 import io
 import pickle
+import re
 import weakref
 from typing import Any
 
@@ -999,6 +1000,29 @@ def test_absent_zero_points_and_biases_read_as_none(
         keys = set(moe.state_dict())
         assert ("w13_zero_point" in keys) is scheme.has_zero_point
         assert not keys & {"w13_bias", "w2_bias"}
+
+
+@pytest.mark.parametrize(
+    ("field", "shape"),
+    [("hidden_size", "(128, 64)"), ("intermediate_size", "(128, 64)")],
+)
+def test_a_state_of_other_sizes_names_the_sizes_not_the_scheme(
+    field: str, shape: str, generator: torch.Generator
+) -> None:
+    """A state saved for another hidden or intermediate size is a config mismatch:
+    said so, rather than blamed on the group size its scales' width implies."""
+    state = _module(generator).state_dict()
+    other = attrs.evolve(CFG, **{field: 2 * getattr(CFG, field)})
+    for strict in (True, False):
+        moe = Int4MoE(other)
+        with pytest.raises(
+            ConfigError,
+            match=rf"state_dict w(13|2)_qdata must have rows x packed columns .* for "
+            rf"this Int4MoE \(hidden_size={other.hidden_size}, intermediate_size="
+            rf"{other.intermediate_size}\), got {re.escape(shape)}: build the module "
+            r"with the config",
+        ):
+            moe.load_state_dict(state, strict=strict)
 
 
 @pytest.mark.parametrize(
