@@ -1,3 +1,8 @@
+# Kernel bodies are a DSL: relaxed here as in pyproject.toml, for projects whose mypy
+# checks these files without this project's configuration (vendored on MYPYPATH).
+# mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False
+# mypy: disallow-untyped-calls=False, disallow-untyped-decorators=False
+# mypy: disable-error-code="possibly-undefined"
 """Triton kernel that dequantizes int4 experts to 16 bits (``@triton.jit`` only).
 
 Used by triton-w4a16 at prefill sizes: a chunk of experts is dequantized into a

@@ -1,3 +1,8 @@
+# Kernel bodies are a DSL: relaxed here as in pyproject.toml, for projects whose mypy
+# checks these files without this project's configuration (vendored on MYPYPATH).
+# mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False
+# mypy: disallow-untyped-calls=False, disallow-untyped-decorators=False
+# mypy: disable-error-code="possibly-undefined"
 """Triton decode kernels: the pair-major int4 GEMV on bytes, and on 16-bit weights.
 
 ``@triton.jit`` only.

@@ -1,3 +1,8 @@
+# Kernel bodies are a DSL: relaxed here as in pyproject.toml, for projects whose mypy
+# checks these files without this project's configuration (vendored on MYPYPATH).
+# mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False
+# mypy: disallow-untyped-calls=False, disallow-untyped-decorators=False
+# mypy: disable-error-code="possibly-undefined"
 """Weight-tile loaders of the grouped GEMM (``@triton.jit`` only), three dequantizations.
 
 ``_load_weight_tile`` (bytes, nibbles interleaved), ``_load_weight_halves`` (low and
