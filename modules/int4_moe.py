@@ -726,14 +726,21 @@ class Int4MoE(nn.Module):
         return self
 
     def extra_repr(self) -> str:
-        """Sizes, scheme, group size and backend."""
+        """Sizes, scheme, group size, the scales' dtype, activation and backend.
+
+        ``num_local_experts`` too where an ``expert_map`` shards the experts.
+        """
         c = self.config
         chosen = self.backend_name
         backend = self.backend if chosen is None else f"{self.backend} -> {chosen}"
+        local = int(self._buffer("w13_qdata").shape[0])
+        held = f", num_local_experts={local}" if local != c.num_experts else ""
+        scale = self._buffer("w13_scale").dtype
         return (
-            f"num_experts={c.num_experts}, top_k={c.top_k}, hidden_size={c.hidden_size}, "
-            f"intermediate_size={c.intermediate_size}, scheme={self.scheme.name}, "
-            f"group_size={self.scheme.group_size}, activation={c.activation}, "
+            f"num_experts={c.num_experts}{held}, top_k={c.top_k}, hidden_size="
+            f"{c.hidden_size}, intermediate_size={c.intermediate_size}, scheme="
+            f"{self.scheme.name}, group_size={self.scheme.group_size}, scale_dtype="
+            f"{str(scale).removeprefix('torch.')}, activation={c.activation}, "
             f"backend={backend}"
         )
 

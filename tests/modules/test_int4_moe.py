@@ -226,8 +226,13 @@ def test_extra_repr(generator: torch.Generator) -> None:
     assert "scheme=int4_sym_g64" in text
     assert "group_size=64" in text
     assert "backend=auto" in text
+    assert "scale_dtype=bfloat16" in text
+    assert "num_local_experts" not in text  # all experts held
     moe(torch.randn(1, 128), router_logits=torch.randn(1, 8))
     assert f"auto -> {moe.backend_name}" in repr(moe)
+    shard = Int4MoE(CFG, num_local_experts=2, dtype=torch.float16)
+    assert "num_experts=8, num_local_experts=2, top_k=2" in repr(shard)
+    assert "scale_dtype=float16" in repr(shard)
 
 
 def test_explicit_reference_backend(generator: torch.Generator) -> None:
