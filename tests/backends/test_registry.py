@@ -171,15 +171,19 @@ def test_device_info_of_cpu() -> None:
     assert Support.yes()
 
 
-def test_explain_backends_says_ok_for_a_backend_that_can_run() -> None:
+def _explain_on_cpu() -> list[str]:
     config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=64)
-    lines = explain_backends(
+    return explain_backends(
         config,
         INT4_SYM_G32,
         CANONICAL_LAYOUT,
         DeviceInfo(type="cpu"),
         dtype=torch.float32,
     )
+
+
+def test_explain_backends_says_ok_for_a_backend_that_can_run() -> None:
+    lines = _explain_on_cpu()
     assert "reference: ok" in lines
     assert "cpu-int4: ok" in lines
     assert any(line.startswith("xpu-fused: device must be `xpu`") for line in lines)
@@ -194,14 +198,7 @@ def test_explain_backends_says_when_auto_passes_a_backend_by() -> None:
 
     register_backend("by-name-only", ByNameOnly, priority=1000)  # type: ignore[arg-type]
     try:
-        config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=64)
-        lines = explain_backends(
-            config,
-            INT4_SYM_G32,
-            CANONICAL_LAYOUT,
-            DeviceInfo(type="cpu"),
-            dtype=torch.float32,
-        )
+        lines = _explain_on_cpu()
     finally:
         unregister_backend("by-name-only")
     assert "by-name-only: ok by name only (a testing tool)" in lines

@@ -76,18 +76,23 @@ def _reassign(moe: Int4MoE, name: str, *, via_data: bool) -> None:
 BIASED = attrs.evolve(CFG, expert_bias=True)
 
 
-@pytest.mark.parametrize("via_data", [False, True], ids=["setattr", "data"])
-@pytest.mark.parametrize("name", WEIGHT_BUFFERS)
-def test_reassigned_weights_are_prepared_again(
-    name: str, via_data: bool, generator: torch.Generator
-) -> None:
-    moe = _module(
+def _biased_module(generator: torch.Generator) -> Int4MoE:
+    """A layer holding every one of ``WEIGHT_BUFFERS``."""
+    return _module(
         generator,
         INT4_ASYM_G32,
         config=BIASED,
         w13_bias=torch.randn(8, 128, generator=generator) * 0.1,
         w2_bias=torch.randn(8, 128, generator=generator) * 0.1,
     )
+
+
+@pytest.mark.parametrize("via_data", [False, True], ids=["setattr", "data"])
+@pytest.mark.parametrize("name", WEIGHT_BUFFERS)
+def test_reassigned_weights_are_prepared_again(
+    name: str, via_data: bool, generator: torch.Generator
+) -> None:
+    moe = _biased_module(generator)
     assert name in dict(moe.named_buffers())  # the module holds every weight buffer
     x = torch.randn(6, 128, generator=generator, dtype=torch.bfloat16)
     logits = torch.randn(6, 8, generator=generator)
@@ -146,13 +151,7 @@ def _edit_in_place(moe: Int4MoE, name: str) -> None:
 def test_weights_edited_in_place_are_prepared_again(
     name: str, generator: torch.Generator
 ) -> None:
-    moe = _module(
-        generator,
-        INT4_ASYM_G32,
-        config=BIASED,
-        w13_bias=torch.randn(8, 128, generator=generator) * 0.1,
-        w2_bias=torch.randn(8, 128, generator=generator) * 0.1,
-    )
+    moe = _biased_module(generator)
     x = torch.randn(6, 128, generator=generator, dtype=torch.bfloat16)
     logits = torch.randn(6, 8, generator=generator)
     before = moe(x, router_logits=logits)
