@@ -129,9 +129,12 @@ def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
         inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         tanh = 2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0
         out = 0.5 * gate * (1.0 + tanh) * up
-    else:
-        g = tl.minimum(gate, limit)
-        u = tl.minimum(tl.maximum(up, -limit), limit)
+    else:  # NaN kept as torch's clamp keeps it (PTX min/max without .NaN drop it)
+        nan: tl.constexpr = tl.PropagateNan.ALL
+        g = tl.minimum(gate, limit, propagate_nan=nan)
+        u = tl.minimum(
+            tl.maximum(up, -limit, propagate_nan=nan), limit, propagate_nan=nan
+        )
         out = (u + 1.0) * g / (1.0 + tl.exp(-alpha * g))
     return out
 

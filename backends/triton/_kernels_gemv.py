@@ -68,13 +68,14 @@ def _moe_gemv_kernel(
     ``k``'s math; ``LOOP_STAGES`` asks Triton to pipeline the K loop (None: its
     default). Each packed byte of a used expert is read once per pair
     that routes to it, so this is chosen only when pairs rarely share an expert. The
-    low and high nibbles multiply the even and odd input columns in float32; the zero
-    point is folded out per group: ``sum((q - z) x) = sum(q x) - z sum(x)``::
+    low and high nibbles, less the group's zero point, multiply the even and odd input
+    columns in float32 (per code: ``sum(q x) - z sum(x)`` would cancel an outlier
+    input against itself where ``q == z``, and make ``inf - inf`` of an infinite one)::
 
         e = ids[p]; if e < 0: return
         for k in 0..K step BLOCK_K (NG groups of BLOCK_K/NG columns):
             q_lo, q_hi = bytes[e, n, k/2 : (k+BLOCK_K)/2] & 15, >> 4
-            dot[n, g] = sum(q_lo x_even + q_hi x_odd) - z[n, g] sum(x)
+            dot[n, g] = sum((q_lo - z[n, g]) x_even + (q_hi - z[n, g]) x_odd)
             acc[n] += sum_g scale[n, g] * dot[n, g]
         acc = acc * topk_w[p] if WEIGHT_ROWS; acc += bias[e, n] if HAS_BIAS and s == 0
         C[s, p, n] = act(acc, acc_up) if gated else acc
@@ -110,7 +111,7 @@ def _moe_gemv_kernel(
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
         offs_j = k0 // 2 + offs_j0
         j_mask = offs_j < k_hi // 2
-        x_even3, x_odd3, x_sum = _step_inputs(x_ptr, offs_j, j_mask, NG, GK)
+        x_even3, x_odd3 = _step_inputs(x_ptr, offs_j, j_mask, NG, GK)
         offs_g = k0 // GROUP + tl.arange(0, NG)
         g_mask = n_mask[:, None] & (offs_g[None, :] < K // GROUP)
         packed, packed_up, nxt, nxt_up = _step_bytes(
@@ -118,12 +119,12 @@ def _moe_gemv_kernel(
             GATED, PREFETCH, BLOCK_K,
         )  # fmt: skip
         acc += _gemv_step(
-            packed, x_even3, x_odd3, x_sum, s_e, z_e,
+            packed, x_even3, x_odd3, s_e, z_e,
             rows * stride_sn + offs_g[None, :], g_mask, HAS_ZP, BLOCK_N, NG, GK,
         )  # fmt: skip
         if GATED:
             acc_up += _gemv_step(
-                packed_up, x_even3, x_odd3, x_sum, s_e, z_e,
+                packed_up, x_even3, x_odd3, s_e, z_e,
                 up_rows * stride_sn + offs_g[None, :], g_mask, HAS_ZP, BLOCK_N, NG, GK,
             )  # fmt: skip
     _gemv_store(
@@ -135,12 +136,10 @@ def _moe_gemv_kernel(
 
 @triton.jit
 def _step_inputs(x_ptr, offs_j, j_mask, NG: tl.constexpr, GK: tl.constexpr):
-    """A step's input: even and odd columns as ``[NG, GK]`` float32, and group sums."""
+    """A step's input: even and odd columns as ``[NG, GK]`` float32."""
     x_even = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
     x_odd = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
-    x_even3 = tl.reshape(x_even, (NG, GK))
-    x_odd3 = tl.reshape(x_odd, (NG, GK))
-    return x_even3, x_odd3, tl.sum(x_even3 + x_odd3, axis=1)
+    return tl.reshape(x_even, (NG, GK)), tl.reshape(x_odd, (NG, GK))
 
 
 @triton.jit
@@ -227,7 +226,6 @@ def _gemv_step(
     packed,
     x_even3,
     x_odd3,
-    x_sum,
     s_e,
     z_e,
     g_offs,
@@ -237,16 +235,17 @@ def _gemv_step(
     NG: tl.constexpr,
     GK: tl.constexpr,
 ):
-    """``sum_g scale[n, g] * (sum_k q[n, k] x[k] - z[n, g] sum_k x[k])`` for one tile."""
-    lo = tl.reshape((packed & 0xF).to(tl.float32), (BLOCK_N, NG, GK))
-    hi = tl.reshape((packed >> 4).to(tl.float32), (BLOCK_N, NG, GK))
-    dot = tl.sum(lo * x_even3[None, :, :] + hi * x_odd3[None, :, :], axis=2)
+    """``sum_g scale[n, g] * sum_k (q[n, k] - z[n, g]) x[k]`` for one tile."""
     s = tl.load(s_e + g_offs, mask=g_mask, other=0.0).to(tl.float32)
     if HAS_ZP:
         z = tl.load(z_e + g_offs, mask=g_mask, other=0).to(tl.float32)
     else:
         z = tl.full([BLOCK_N, NG], 8.0, dtype=tl.float32)
-    return tl.sum(s * (dot - z * x_sum[None, :]), axis=1)
+    z3 = z[:, :, None]
+    lo = tl.reshape((packed & 0xF).to(tl.float32), (BLOCK_N, NG, GK)) - z3
+    hi = tl.reshape((packed >> 4).to(tl.float32), (BLOCK_N, NG, GK)) - z3
+    dot = tl.sum(lo * x_even3[None, :, :] + hi * x_odd3[None, :, :], axis=2)
+    return tl.sum(s * dot, axis=1)
 
 
 @triton.jit

@@ -8,6 +8,7 @@ exactly there). It runs in a subprocess: the script needs the interpreter off, w
 the rest of the suite has on.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -48,6 +49,40 @@ def test_every_launch_compiles_for_sm90() -> None:
     assert compiled >= 80, last  # the cases reach every kernel in several forms
     for kernel in KERNELS:
         assert f"ok {kernel} " in done.stdout, kernel
+
+
+_SWIGLU_PTX = """
+import re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+sys.path.insert(0, sys.argv[1])
+from backends.triton._kernels import _activate_splits_kernel as kernel
+sig = {"part_ptr": "*fp32", "ids_ptr": "*i64", "out_ptr": "*bf16", "F": "i32",
+       "alpha": "fp32", "limit": "fp32", "expert_lo": "i32", "expert_hi": "i32",
+       "stride_ps": "i32", "stride_pm": "i32", "stride_om": "i32", "ACT": "constexpr",
+       "SPLIT": "constexpr", "BLOCK_F": "constexpr", "PDL": "constexpr"}
+names = list(sig)
+consts = {(names.index("ACT"),): 3, (names.index("SPLIT"),): 1,
+          (names.index("BLOCK_F"),): 128, (names.index("PDL"),): False}
+ptx = triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+print("\\n".join(re.findall(r"\\b(?:min|max)\\.[\\w.]*f32", ptx)))
+"""
+
+
+def test_swigluoai_clamps_keep_nan_on_the_gpu() -> None:
+    """PTX ``min.f32`` / ``max.f32`` return the operand that is not NaN: the clamp of a
+    NaN gate or up would give ``limit`` (the interpreter's numpy keeps NaN, so only
+    the compiled code shows it). torch's clamp keeps NaN; so must ``min.NaN.f32``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SWIGLU_PTX, str(ROOT)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ops = done.stdout.split()
+    assert len(ops) == 3, ops  # the gate's min, the up's max and min
+    assert all(".NaN." in op for op in ops), ops
 
 
 def test_without_the_gluon_kernel_the_word_kernel_takes_its_tiles(

@@ -6,6 +6,8 @@ int4 weights match the float32 oracle up to one-ulp output flips here
 (``INTERPRETER_INT4_*``); 16-bit weights keep the kernel tolerances.
 """
 
+import warnings
+
 import attrs
 import pytest
 import torch
@@ -142,6 +144,58 @@ def test_word_gemv_scales_inputs_of_any_magnitude(
         weights, config, hidden_TD, routing, path="gemv", gemv_tiles=tiles
     )
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+BYTES_GEMV = GemvTiles(block_n=16, block_k=64)
+"""The byte GEMV (``_moe_gemv_kernel``): the interpreter's tile, and CUDA's where K or
+the group is not a multiple of 8."""
+
+
+@pytest.mark.parametrize(
+    "tiles", [BYTES_GEMV, WORDS_GEMV, PAIRED_GEMV], ids=["bytes", "words", "paired"]
+)
+def test_gemv_keeps_small_terms_beside_an_outlier_and_infinite_inputs(
+    tiles: GemvTiles, generator: torch.Generator
+) -> None:
+    """One input of 3e4 among inputs of 1e-2, over weights of 0 at its column on half
+    the rows: those rows are the small terms' sum alone (a zero point folded out as
+    ``sum(q x) - z sum(x)`` cancelled the outlier against itself: relative errors up
+    to 1.3); an infinite input gives +-inf where its column's weight is nonzero and
+    NaN where it is 0, as float64 does (``inf - inf`` made every row NaN)."""
+    n, k, group = 32, 128, 32
+    codes = torch.randint(0, 16, (1, n, k), generator=generator)
+    codes[0, : n // 2, 0] = 8  # weight 0 at the outlier's column
+    codes[0, n // 2 :, 0] = 12  # weight 4 * scale there: +-inf with an infinite input
+    scale = (torch.rand(1, n, k // group, generator=generator) * 0.02 + 0.005).to(
+        torch.bfloat16
+    )
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    matrix = ExpertMatrix(data=packed, scale=scale, zero_point=None, group_size=group)
+    w64 = (codes.double() - 8) * scale.double().repeat_interleave(group, -1)
+    config = MoEConfig(num_experts=1, top_k=1, hidden_size=k, intermediate_size=n)
+    routing = Routing(
+        topk_weights=torch.ones(1, 1), topk_ids=torch.zeros(1, 1, dtype=torch.int64)
+    )
+    x = torch.randn(1, k, generator=generator) * 1e-2
+    x[0, 0] = 3e4
+    for first in (3e4, float("inf")):
+        x[0, 0] = first
+        x16 = x.to(torch.bfloat16)
+        out = torch.empty(1, n)
+        with warnings.catch_warnings():  # the interpreter's numpy on inf * 0: intended
+            warnings.simplefilter("ignore", RuntimeWarning)
+            launch_gemv.launch_gemv(
+                x16, matrix, out, n=n, routing=routing, config=config, gated=False,
+                tiles=tiles,
+            )  # fmt: skip
+        want = x16.double() @ w64[0].T
+        if first == 3e4:  # error against the size of the terms (float32 sums)
+            size = x16.double().abs() @ w64[0].abs().T
+            small = (out.double() - want).abs() / size
+            assert float(small[0, : n // 2].max()) < 1e-5
+        else:
+            assert torch.isnan(out[0, : n // 2]).all()
+            torch.testing.assert_close(out[0, n // 2 :].double(), want[0, n // 2 :])
 
 
 @pytest.mark.parametrize("case", GEMV_CASES[:4], ids=lambda c: c[0].name)
