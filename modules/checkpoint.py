@@ -28,6 +28,7 @@ from core.formats import (
 from core.formats.options import (
     SUFFIXES,
     FormatOptions,
+    g_idx_required,
     import_projection,
     parse_quantization_config,
     to_checkpoint_format,
@@ -114,7 +115,15 @@ def _shard_map(path: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for file in files:
         with safe_open(file, framework="pt") as f:
-            out.update(dict.fromkeys(f.keys(), file))
+            names = f.keys()  # safe_open is not a mapping
+            for name in names:
+                if name in out:
+                    raise ConfigError(
+                        f"checkpoint folder {path} must hold each tensor in one file "
+                        f"(it has no {_INDEX} to choose), got {name!r} in both "
+                        f"{out[name].name} and {file.name}"
+                    )
+                out[name] = file
     return out
 
 
@@ -241,6 +250,9 @@ def _names_of(
     required, optional = SUFFIXES[opts.format]
     if opts.symmetric is False and opts.format in _ZERO_POINTS:
         required += (_ZERO_POINTS[opts.format],)
+    g_idx = g_idx_required(opts)
+    if g_idx is not None:
+        required += (g_idx[0],)
     wanted: list[str] = []
     missing: list[str] = []
     for key in keys:
@@ -324,7 +336,12 @@ def load_experts(
         wanted += got
         missing += lost
     if missing:
-        raise ConfigError(f"missing {opts.format} tensors: {_listing(missing, base)}")
+        g_idx = g_idx_required(opts)
+        lost_g_idx = g_idx and any(m.endswith(f".{g_idx[0]}") for m in missing)
+        why = f" ({g_idx[1]})" if g_idx and lost_g_idx else ""
+        raise ConfigError(
+            f"missing {opts.format} tensors: {_listing(missing, base)}{why}"
+        )
     extra = rel - set(wanted)
     if extra:
         raise ConfigError(f"unexpected tensors under {base!r}: {_listing(extra, base)}")

@@ -12,6 +12,7 @@ import attrs
 import torch
 
 from core.errors import ConfigError
+from core.formats.auto_round import to_packing_config
 from core.formats.awq import from_awq
 from core.formats.compressed_tensors import from_compressed_tensors
 from core.formats.gptq import from_gptq
@@ -109,6 +110,9 @@ class FormatOptions:
             :func:`~core.formats.gptq.gptq_zero_points`).
         gptq_v1_word_carry: GPTQ v1 written by GPTQModel (its ``meta.quantizer``),
             whose whole-word arithmetic stores a zero point of 0 as 15.
+        act_order: the config declares act-order groups (GPTQ ``desc_act`` without
+            ``static_groups``, compressed-tensors ``actorder`` `group`): only the
+            ``g_idx`` places the groups, so it is required (see :func:`g_idx_required`).
     """
 
     format: ImportFormat = attrs.field(converter=_to_import_format)
@@ -118,6 +122,30 @@ class FormatOptions:
         default=None, converter=_to_gptq_format
     )
     gptq_v1_word_carry: bool = False
+    act_order: bool = False
+
+
+_G_IDX: Final = {"gptq": "g_idx", "compressed-tensors": "weight_g_idx"}
+_ACT_ORDER: Final = {
+    "gptq": "`desc_act: true` without `static_groups: true`",
+    "compressed-tensors": "`actorder: group`",
+}
+
+
+def g_idx_required(opts: FormatOptions) -> tuple[str, str] | None:
+    """``(suffix, reason)`` of the g_idx each projection must hold, or ``None``.
+
+    Required when the config declares act-order: its groups are then placed by the
+    g_idx, and reading the scales as contiguous groups would be silently wrong.
+    """
+    if not opts.act_order or opts.format not in _G_IDX:
+        return None
+    name = _G_IDX[opts.format]
+    return name, (
+        f"quantization_config declares act-order ({_ACT_ORDER[opts.format]}): "
+        f"`{name}` places the groups, and without it they would be misread as "
+        "contiguous"
+    )
 
 
 def _method(config: Mapping[str, object]) -> str:
@@ -128,84 +156,6 @@ def _method(config: Mapping[str, object]) -> str:
             f"`compressed-tensors` or `auto-round`, got {config.get('quant_method')!r}"
         )
     return method
-
-
-_AUTO_ROUND_PACKINGS: Final = {
-    "auto_round:auto_gptq": "gptq",
-    "auto_round:auto_awq": "awq",
-}
-"""AutoRound ``packing_format`` values in GPTQ's or AWQ's tensor layout (the two vLLM
-reads, as GPTQ v1 and AWQ GEMM)."""
-
-
-def _auto_round_as(
-    config: Mapping[str, object], module_names: Sequence[str]
-) -> dict[str, object]:
-    """An AutoRound config as the GPTQ (v1) or AWQ config of its packing.
-
-    The layout as vLLM reads it, with the ``extra_config`` entries of the expert
-    modules applied by exact module name (a pattern key that matches an expert is
-    refused: see :func:`_refuse_extra_patterns`).
-
-    Raises:
-        ConfigError: for a packing or data type that is not GPTQ's or AWQ's int
-            layout, experts left out of ``block_name_to_quantize``, or expert modules
-            with different ``extra_config`` entries.
-    """
-    packing = str(config.get("packing_format", "auto_round:auto_gptq"))
-    layout = _AUTO_ROUND_PACKINGS.get(packing)
-    if layout is None:
-        raise ConfigError(
-            "AutoRound packing_format must be one in GPTQ's or AWQ's layout "
-            f"({', '.join(f'`{p}`' for p in _AUTO_ROUND_PACKINGS)}), got {packing!r}"
-        )
-    data_type = config.get("data_type", "int")
-    if data_type != "int":
-        raise ConfigError(f"AutoRound data_type must be `int`, got {data_type!r}")
-    blocks = config.get("block_name_to_quantize", config.get("to_quant_block_names"))
-    names = blocks.split(",") if isinstance(blocks, str) else blocks
-    if isinstance(names, list) and module_names:
-        outside = [m for m in module_names if not any(m.startswith(b) for b in names)]
-        if outside:
-            raise ConfigError(
-                "AutoRound block_name_to_quantize must cover the expert modules, got "
-                f"{names} without {outside[0]!r}"
-            )
-    extra = config.get("extra_config")
-    entries = [
-        dict(e) if isinstance(e := extra.get(m), Mapping) else {}
-        for m in module_names
-    ] if isinstance(extra, Mapping) else []  # fmt: skip
-    if isinstance(extra, Mapping):
-        _refuse_extra_patterns(extra, module_names)
-    if entries and any(e != entries[0] for e in entries):
-        odd = next(i for i, e in enumerate(entries) if e != entries[0])
-        raise ConfigError(
-            "AutoRound extra_config must give every expert module the same entry, got "
-            f"{entries[0]} for {module_names[0]!r} and {entries[odd]} for "
-            f"{module_names[odd]!r}"
-        )
-    merged = {**config, **(entries[0] if entries else {})}
-    sym = merged.get("sym", True)
-    if layout == "gptq":
-        return {
-            "quant_method": "gptq",
-            "bits": merged.get("bits"),
-            "group_size": merged.get("group_size"),
-            "sym": sym,
-            "checkpoint_format": "gptq",
-        }
-    if sym is True:
-        raise ConfigError(
-            "AutoRound in AWQ's layout must be asymmetric (sym=false): symmetric AWQ "
-            "has no zero points, which is not a layout read here"
-        )
-    return {
-        "quant_method": "awq",
-        "bits": merged.get("bits"),
-        "group_size": merged.get("group_size"),
-        "version": "gemm",
-    }
 
 
 def _int4(name: str, bits: object) -> None:
@@ -238,7 +188,7 @@ def parse_quantization_config(
         return None if fmt == "auto" else FormatOptions(format=fmt)
     method = _method(config)
     if method == "auto-round":  # written in GPTQ's or AWQ's layout
-        config = _auto_round_as(config, module_names)
+        config = to_packing_config(config, module_names)
         method = _method(config)
     if fmt not in ("auto", method):
         raise ConfigError(
@@ -263,35 +213,12 @@ def parse_quantization_config(
             # Configs older than the key (AutoGPTQ < 0.7) are v1.
             checkpoint_format=str(config.get("checkpoint_format", "gptq")),
             gptq_v1_word_carry=_written_by_gptqmodel(config),
+            act_order=config.get("desc_act") is True
+            and config.get("static_groups") is not True,
         )
     if method == "awq":
         return _awq_options(config)
     return _ct_options(config, module_names)
-
-
-def _refuse_extra_patterns(
-    extra: Mapping[str, object], module_names: Sequence[str]
-) -> None:
-    """Refuse an ``extra_config`` key other than an expert's own name that matches one.
-
-    Newer vLLM applies keys with regex characters as ``re.search`` patterns; only
-    exact names are applied here, so a pattern (or a parent module's name) that
-    reaches an expert is refused rather than ignored.
-    """
-    exact = set(module_names)
-    for key in extra:
-        if key in exact:
-            continue
-        try:
-            hit = next((m for m in module_names if re.search(key, m)), None)
-        except re.error:
-            hit = None
-        if hit is not None:
-            raise ConfigError(
-                "AutoRound extra_config must name the expert modules exactly, got "
-                f"the key {key!r}, which matches {hit!r} as a pattern (patterns are "
-                "not applied here: write the entries by module name)"
-            )
 
 
 def _dynamic_rule(
@@ -424,10 +351,12 @@ def _ct_options(
         else _opt_int(args.get("group_size"), f"{where} weights group_size")
     )
     sym = args.get("symmetric")
+    actorder = args.get("actorder")  # `true` and the alias `dynamic` mean `group`
     return FormatOptions(
         format="compressed-tensors",
         group_size=group_size,
         symmetric=sym if isinstance(sym, bool) else None,
+        act_order=actorder is True or str(actorder).lower() in ("group", "dynamic"),
     )
 
 
@@ -438,7 +367,8 @@ def import_projection(
 
     Raises:
         ConfigError: when a tensor the format needs is missing (named), the zero
-            points of a ``symmetric=False`` checkpoint among them.
+            points of a ``symmetric=False`` checkpoint or the g_idx of an act-order
+            one among them.
         ShapeError, DTypeError: from the format's importer, for malformed tensors.
     """
     required, _ = SUFFIXES[opts.format]
@@ -446,6 +376,12 @@ def import_projection(
     if missing:
         raise ConfigError(
             f"{opts.format} projection tensors must include {missing}, got {sorted(t)}"
+        )
+    g_idx = g_idx_required(opts)
+    if g_idx is not None and g_idx[0] not in t:
+        raise ConfigError(
+            f"{opts.format} projection tensors must include {g_idx[0]!r}: "
+            f"{g_idx[1]}; got {sorted(t)}"
         )
     importer = _IMPORTERS[opts.format]
     return importer(opts, t)

@@ -715,3 +715,74 @@ def test_own_state_with_one_group_in_w13_and_several_in_w2(
         ConfigError, match=r"must share one group size, got 32/1 and 64/4"
     ):
         load_experts(state, prefix=PREFIX, config=cfg)
+
+
+def _act_order_config(fmt: str, *, declared: bool) -> dict[str, object]:
+    """GPTQ ``desc_act`` with or without ``static_groups``; compressed-tensors
+    ``actorder`` `group` or `weight`: act-order declared or not."""
+    if fmt == "gptq":
+        return {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 32,
+            "desc_act": True,
+            "static_groups": not declared,
+        }
+    weights = {
+        "num_bits": 4,
+        "type": "int",
+        "symmetric": True,
+        "strategy": "group",
+        "group_size": 32,
+        "actorder": "group" if declared else "weight",
+    }
+    return {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name"), [("gptq", "g_idx"), ("compressed-tensors", "weight_g_idx")]
+)
+def test_act_order_checkpoints_without_their_g_idx_are_refused(
+    fmt: str, name: str, generator: torch.Generator
+) -> None:
+    """Act-order declared, g_idx not stored: refused by name, never read as
+    contiguous groups; GPTQ static groups and `weight` ordering need none."""
+    w = _weights(generator, INT4_SYM_G32)
+    state = _gptq_state(w) if fmt == "gptq" else _ct_state(w)
+    stored = dict(state)
+    state = {n: t for n, t in state.items() if not n.endswith(f".{name}")}
+    declared = _act_order_config(fmt, declared=True)
+    with pytest.raises(
+        ConfigError,
+        match=rf"missing {fmt} tensors: .*experts\.0\.down_proj\.{name}.* "
+        r"\(quantization_config declares act-order",
+    ):
+        load_experts(state, prefix=PREFIX, config=CFG, quantization_config=declared)
+    spared = _act_order_config(fmt, declared=False)
+    loaded = load_experts(state, prefix=PREFIX, config=CFG, quantization_config=spared)
+    _same(w, loaded.weights)
+    if fmt == "gptq":  # stored, the g_idx is read (here: contiguous groups)
+        loaded = load_experts(
+            stored, prefix=PREFIX, config=CFG, quantization_config=declared
+        )
+        _same(w, loaded.weights)
+
+
+def test_folder_without_index_refuses_a_tensor_held_twice(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    """Without an index nothing says which copy to read (e.g. a stale shard)."""
+    state = _ct_state(_weights(generator, INT4_SYM_G32))
+    save_file(state, str(tmp_path / "model-00001-of-00001.safetensors"))
+    stale = _ct_state(_weights(generator, INT4_SYM_G32))
+    save_file(stale, str(tmp_path / "model-00001-of-00002.safetensors"))
+    with pytest.raises(
+        ConfigError,
+        match=r"must hold each tensor in one file .*got '.*experts\.0\.down_proj\."
+        r"weight_packed' in both model-00001-of-00001\.safetensors and "
+        r"model-00001-of-00002\.safetensors",
+    ):
+        load_experts(tmp_path, prefix=PREFIX, config=CFG)

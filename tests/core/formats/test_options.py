@@ -283,7 +283,9 @@ def test_auto_round_reads_as_its_packing() -> None:
         ),
         (
             {"extra_config": {EXPERT_MODULES[0]: {"bits": 8}}},
-            r"extra_config must give every expert module the same entry",
+            r"extra_config must give every expert module the same settings, got "
+            r"\{.bits.: 8\} for .*experts\.0\.gate_proj. and \{\} for "
+            r".*experts\.0\.up_proj. over the base config",
         ),
     ],
     ids=["packing", "data_type", "bits", "awq_sym", "blocks", "extra"],
@@ -327,4 +329,79 @@ def test_awq_without_zero_points_is_refused(key: str) -> None:
         )
     parse_quantization_config(
         {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "act_order"),
+    [
+        ({"desc_act": True}, True),
+        ({"desc_act": True, "static_groups": True}, False),
+        ({"desc_act": True, "static_groups": False}, True),
+        ({"desc_act": False}, False),
+        ({}, False),
+    ],
+    ids=["desc_act", "static_groups", "static_groups_false", "no_desc_act", "unsaid"],
+)
+def test_gptq_desc_act_declares_act_order(
+    config: dict[str, object], act_order: bool
+) -> None:
+    """Static groups keep the groups in column order, so only they spare the g_idx."""
+    opts = parse_quantization_config(
+        {"quant_method": "gptq", "bits": 4, "group_size": 32} | config
+    )
+    assert opts is not None
+    assert opts.act_order is act_order
+
+
+@pytest.mark.parametrize(
+    ("actorder", "act_order"),
+    [
+        ("group", True),
+        (True, True),
+        ("dynamic", True),  # compressed-tensors' alias of `group`
+        ("weight", False),
+        ("static", False),  # compressed-tensors' alias of `weight`
+        (None, False),
+        (False, False),
+    ],
+)
+def test_compressed_tensors_actorder_group_declares_act_order(
+    actorder: object, act_order: bool
+) -> None:
+    group = {"targets": ["Linear"], "weights": INT4_G32 | {"actorder": actorder}}
+    config = {"quant_method": "compressed-tensors", "config_groups": {"g": group}}
+    opts = parse_quantization_config(config, module_names=EXPERTS)
+    assert opts is not None
+    assert opts.act_order is act_order
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name"),
+    [("gptq", "g_idx"), ("compressed-tensors", "weight_g_idx")],
+)
+def test_act_order_projection_without_its_g_idx_is_refused(fmt: str, name: str) -> None:
+    """Read without the g_idx, act-order groups would be taken as contiguous."""
+    tensors = {
+        "qweight": torch.zeros(8, 16, dtype=torch.int32),
+        "scales": torch.ones(2, 16),
+        "weight_packed": torch.zeros(16, 8, dtype=torch.int32),
+        "weight_scale": torch.ones(16, 2),
+    }
+    opts = FormatOptions(format=fmt, group_size=32, symmetric=True, act_order=True)
+    with pytest.raises(
+        ConfigError,
+        match=rf"must include '{name}': quantization_config declares act-order",
+    ):
+        import_projection(opts, tensors)
+
+
+def test_auto_round_extra_config_restating_the_base_is_no_difference() -> None:
+    """An entry for one expert that restates the base config changes nothing."""
+    extra = {EXPERT_MODULES[0]: {"bits": 4, "group_size": 32, "sym": True}}
+    opts = parse_quantization_config(
+        _auto_round(extra_config=extra), module_names=EXPERT_MODULES
+    )
+    assert opts == FormatOptions(
+        format="gptq", group_size=32, symmetric=True, checkpoint_format="gptq"
     )
