@@ -1,5 +1,3 @@
-# Kernel bodies are a DSL: relaxed here as in pyproject.toml, for projects whose mypy
-# checks these files without this project's configuration (vendored on MYPYPATH).
 # mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False
 # mypy: disallow-untyped-calls=False, disallow-untyped-decorators=False
 # mypy: disable-error-code="possibly-undefined"
