@@ -649,6 +649,32 @@ class Int4MoE(nn.Module):
         self._check_map_if_new()
         return weights
 
+    def to_empty(
+        self, *, device: torch.device | str | int | None, recurse: bool = True
+    ) -> "Self":
+        """``nn.Module.to_empty``, leaving the layer as a new one is.
+
+        NaN in the floating buffers and the router (``NotLoadedError`` until loaded, as
+        after construction) and the default ``expert_map``, not uninitialized memory
+        that a partial load would leave read as weights.
+        """
+        super().to_empty(device=device, recurse=recurse)
+        with torch.no_grad():
+            for name in (*_FLOAT_BUFFERS, "e_score_correction_bias"):
+                tensor = self._optional_buffer(name)
+                if tensor is not None:
+                    tensor.fill_(math.nan)
+            if self.gate_weight is not None:
+                self.gate_weight.fill_(math.nan)
+            emap = self._optional_buffer("expert_map")
+            if emap is not None:
+                local = int(self._buffer("w13_qdata").shape[0])
+                emap.copy_(
+                    default_expert_map(self.config.num_experts, local, emap.device)
+                )
+        self.invalidate_prepared()
+        return self
+
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> "Self":  # noqa: FBT001, FBT002  # nn.Module's signature
         """``nn.Module._apply`` (``.to``, ``.half()``, ...), the router kept float32.
 
@@ -876,7 +902,12 @@ def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:
     del incompatible
     if isinstance(module, Int4MoE):
         module.invalidate_prepared()
-        # load_state_dict(assign=True) takes the state's tensors as they are.
+        # load_state_dict(assign=True) takes the state's tensors as they are: frozen
+        # here (a state tensor that required grad would make the int4 weights train).
+        for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS, "e_score_correction_bias"):
+            buffer = module._optional_buffer(name)
+            if buffer is not None and buffer.requires_grad:
+                module.register_buffer(name, buffer.detach())
         for name in ("gate_weight", "e_score_correction_bias"):
             tensor = getattr(module, name)
             if tensor is not None and tensor.dtype != torch.float32:

@@ -610,8 +610,8 @@ def test_autocast_leaves_the_float32_math_alone(generator: torch.Generator) -> N
 def test_buffers_are_checked_before_a_backend_reads_them(
     generator: torch.Generator,
 ) -> None:
-    """A reassigned buffer of the wrong shape, or an uninitialized expert map after
-    ``to_empty``, raises at the next call instead of being read out of bounds."""
+    """A reassigned buffer of the wrong shape, or an expert map of garbage (what
+    memory may hold), raises at the next call instead of being read out of bounds."""
     moe, x = _routed_layer(generator)
     moe.w13_scale = torch.ones(8, 128, 1, dtype=torch.bfloat16)
     with pytest.raises(ShapeError, match=r"w13_scale must have shape \(8, 128, 4\)"):
@@ -622,6 +622,53 @@ def test_buffers_are_checked_before_a_backend_reads_them(
     shard.get_buffer("expert_map").fill_(3)  # what uninitialized memory may hold
     with pytest.raises(ShapeError, match="expert_map must give each local id"):
         shard(x, router_logits=torch.randn(16, 8, generator=generator))
+
+
+@pytest.mark.parametrize(
+    "left_out", ["gate_weight", "w2_scale", "e_score_correction_bias"]
+)
+def test_to_empty_leaves_a_layer_as_new_for_a_partial_load(
+    left_out: str, generator: torch.Generator
+) -> None:
+    """Built on meta, ``to_empty``, then a ``strict=False`` load without one float
+    tensor: ``NotLoadedError`` names it, as after construction (it ran on whatever
+    memory ``to_empty`` left: routing on garbage, finite and wrong); the map is the
+    default one, not garbage."""
+    source, x = _routed_layer(generator)
+    state = source.state_dict()
+    del state[left_out]
+    shard = Int4MoE(
+        CFG, with_gate=True, with_correction_bias=True, num_local_experts=8,
+        device="meta",
+    ).to_empty(device="cpu")  # fmt: skip
+    assert torch.equal(shard.get_buffer("expert_map"), torch.arange(8))
+    shard.load_state_dict(state, strict=False)
+    with pytest.raises(NotLoadedError, match=rf"{left_out} was never loaded"):
+        shard(x)
+
+
+def test_an_assigned_state_that_requires_grad_leaves_the_experts_frozen(
+    generator: torch.Generator,
+) -> None:
+    """``load_state_dict(assign=True)`` with tensors that require grad: the int4 and
+    float buffers are detached (a gradient reached the scales on reference, and the
+    int4 kernel's backward raised on cpu-int4)."""
+    source, x = _routed_layer(generator)
+    state = {
+        k: v.detach().clone().requires_grad_(v.is_floating_point())
+        for k, v in source.state_dict().items()
+    }
+    for backend in ("reference", "cpu-int4"):
+        moe = Int4MoE(CFG, with_gate=True, with_correction_bias=True, backend=backend)
+        moe.load_state_dict(state, assign=True)
+        assert not any(b.requires_grad for b in moe.buffers())
+        xg = x.clone().requires_grad_()
+        out = moe(xg)
+        torch.autograd.backward(out.float().sum())
+        assert xg.grad is not None
+        assert moe.get_buffer("w13_scale").grad is None
+        source.backend = backend
+        torch.testing.assert_close(out, source(x), **EXACT)
 
 
 def test_fake_and_default_device_calls_do_not_poison_later_ones(
