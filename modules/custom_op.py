@@ -37,7 +37,7 @@ import torch
 
 from core.config import MoEConfig
 from core.scheme import Int4Mapping, Int4Scheme
-from modules.prepared import WEIGHT_BUFFERS, version
+from modules.prepared import WEIGHT_BUFFERS, data_ptrs, versions
 
 if TYPE_CHECKING:
     from modules.int4_moe import Int4MoE
@@ -81,18 +81,10 @@ class _Shadow:
                 (r is None and t is None) or (r is not None and r() is t)
                 for r, t in zip(self.state, state, strict=True)
             )
-            and _data_ptrs(state) == self.data_ptrs
-            and _versions(state) == self.versions
+            and data_ptrs(state) == self.data_ptrs
+            and versions(state) == self.versions
             and self.spec == spec
         )
-
-
-def _data_ptrs(state: list[torch.Tensor | None]) -> tuple[int, ...]:
-    return tuple(0 if t is None else t.data_ptr() for t in state)
-
-
-def _versions(state: list[torch.Tensor | None]) -> tuple[int, ...]:
-    return tuple(-1 if t is None else version(t) for t in state)
 
 
 _SHADOWS: Final[dict[tuple[int, ...], _Shadow]] = {}
@@ -170,8 +162,8 @@ def _shadow(
 
     entry = _Shadow(
         state=tuple(None if t is None else weakref.ref(t, drop) for t in state),
-        data_ptrs=_data_ptrs(state),
-        versions=_versions(state),
+        data_ptrs=data_ptrs(state),
+        versions=versions(state),
         spec=spec,
         layer=layer,
         token=token,

@@ -72,6 +72,15 @@ int4 experts: float rounding in another order (and, with ``routing="config"``, t
 router's weights recomputed in float32); a dropped term or factor is far above."""
 
 
+def _router_weight(new: "Int4SparseMoeBlock") -> torch.Tensor | None:
+    """The router's first parameter, where it holds float values (not meta) to probe."""
+    router = new.get_submodule(new.router_name)
+    weight = next(iter(router.parameters()), None)
+    if weight is None or weight.is_meta or not weight.is_floating_point():
+        return None
+    return weight
+
+
 def verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> None:
     """Refuse ``new`` unless it computes what ``original`` does with the int4 experts.
 
@@ -85,9 +94,8 @@ def verify_block(name: str, original: nn.Module, new: "Int4SparseMoeBlock") -> N
     Raises:
         ConfigError: naming the block and the difference or the error.
     """
-    router = new.get_submodule(new.router_name)
-    weight = next(iter(router.parameters()), None)
-    if weight is None or weight.is_meta or not weight.is_floating_point():
+    weight = _router_weight(new)
+    if weight is None:
         return
     # The hidden states' dtype is the float experts' (a router may be kept in fp32).
     dtype = param(original.get_submodule("experts"), "gate_up_proj").dtype
@@ -133,15 +141,12 @@ def verify_experts(
     Raises:
         ConfigError: naming the block, its experts' class and the difference.
     """
-    router = new.get_submodule(new.router_name)
-    weight = next(iter(router.parameters()), None)
+    weight = _router_weight(new)
     experts = original.get_submodule("experts")
     gate_up = getattr(experts, "gate_up_proj", None)
     down = getattr(experts, "down_proj", None)
     if (
         weight is None
-        or weight.is_meta
-        or not weight.is_floating_point()
         or not isinstance(gate_up, torch.Tensor)
         or not isinstance(down, torch.Tensor)
         or gate_up.is_meta
@@ -209,7 +214,14 @@ def _relative_difference(want: object, got: object) -> float:
     b = got[0] if isinstance(got, tuple) else got
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return 0.0
-    return float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
+    return _rel_l2(a, b)
+
+
+def _rel_l2(want: torch.Tensor, got: torch.Tensor) -> float:
+    """``|got - want| / |want|`` (L2, in float32)."""
+    return float(
+        (got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)
+    )
 
 
 def _run(name: str, what: str, block: nn.Module, x: torch.Tensor) -> object:
@@ -244,7 +256,7 @@ def _compare(
                 f"MoE block {name!r} output {i} must have shape {tuple(b.shape)} "
                 f"as in Int4SparseMoeBlock, got {tuple(a.shape)}"
             )
-        diff = float((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30))
+        diff = _rel_l2(a, b)
         if not diff <= tolerance:
             raise ConfigError(
                 f"MoE block {name!r} must compute what Int4SparseMoeBlock computes "

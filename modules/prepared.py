@@ -3,7 +3,7 @@
 May import core and backends.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -34,8 +34,9 @@ def _sources(buffers: Buffers) -> tuple[torch.Tensor | None, ...]:
     return tuple(buffers.get(name) for name in WEIGHT_BUFFERS)
 
 
-def _data_ptrs(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
-    return tuple(0 if t is None else t.data_ptr() for t in sources)
+def data_ptrs(tensors: Sequence[torch.Tensor | None]) -> tuple[int, ...]:
+    """Each tensor's data pointer (``0`` for ``None``): ``t.data = ...`` changes it."""
+    return tuple(0 if t is None else t.data_ptr() for t in tensors)
 
 
 def version(tensor: torch.Tensor) -> int:
@@ -48,8 +49,9 @@ def version(tensor: torch.Tensor) -> int:
     return int(tensor._version)
 
 
-def _versions(sources: tuple[torch.Tensor | None, ...]) -> tuple[int, ...]:
-    return tuple(-1 if t is None else version(t) for t in sources)
+def versions(tensors: Sequence[torch.Tensor | None]) -> tuple[int, ...]:
+    """Each tensor's ``version`` (``-1`` for ``None``): in-place edits change it."""
+    return tuple(-1 if t is None else version(t) for t in tensors)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -93,8 +95,8 @@ class PreparedCache:
             device=device,
             dtypes=frozenset((dtype,)),
             sources=sources,
-            data_ptrs=_data_ptrs(sources),
-            versions=_versions(sources),
+            data_ptrs=data_ptrs(sources),
+            versions=versions(sources),
             backend=backend,
             prepared=prepared,
         )
@@ -110,8 +112,8 @@ class PreparedCache:
         return (
             device == self.device
             and all(a is b for a, b in zip(now, self.sources, strict=True))
-            and _data_ptrs(now) == self.data_ptrs
-            and _versions(now) == self.versions
+            and data_ptrs(now) == self.data_ptrs
+            and versions(now) == self.versions
         )
 
     def is_current(self, key: PreparedKey, buffers: Buffers) -> bool:
