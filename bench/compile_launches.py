@@ -43,6 +43,7 @@ import backends.triton
 from backends.triton._fused import fused_moe
 from backends.triton._launch import ExpertMatrix
 from backends.triton._route import route_topk_fused
+from backends.triton._tiles import GemmTiles, MoETiles
 from core.config import Activation, MoEConfig
 from core.routing import Routing
 
@@ -207,6 +208,7 @@ class Case:
     on_input: bool = False
     bias: bool = False
     int4: bool = True
+    tiles: MoETiles | None = None
 
 
 def _matrix(c: "Case", rows: int, cols: int) -> ExpertMatrix:
@@ -225,6 +227,21 @@ def _matrix(c: "Case", rows: int, cols: int) -> ExpertMatrix:
     )
 
 
+WGMMA = GemmTiles(
+    block_n=128, block_k=128, num_warps=8, num_stages=1, swap_ab=True,
+    int4_words=True, mma=True, wgmma=True,
+)  # fmt: skip
+"""The warpgroup kernel's tiles (``GemmTiles.wgmma``), which the table does not take:
+compiled through explicit tiles, in 32-row blocks with a w2 split and 64-row ones on
+4 warps (64-column tiles, 64-row blocks)."""
+WGMMA_TILES = (
+    MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2), pdl=True),
+    MoETiles(
+        block_m=64,
+        w13=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+        w2=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+    ),
+)
 MODEL_TOKENS = (1, 4, 16, 64, 300)
 CASES = (
     Case(8, 2, 4096, 14336, (*MODEL_TOKENS, 2048)),  # Mixtral-8x7B; 2048: dequant
@@ -247,8 +264,10 @@ CASES = (
     Case(8, 2, 96, 8, (1,), group=-1, asym=True),  # w2 groups of one word
     Case(8, 2, 4096, 14336, (1, 16, 300), int4=False),  # triton-emulation
     Case(128, 8, 2048, 768, (1, 16), int4=False, dtype=torch.float16),
+    Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[0]),
+    Case(16, 1, 512, 256, (300,), asym=True, dtype=torch.float16, tiles=WGMMA_TILES[1]),
 )
-QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10))  # every kernel, fewer forms
+QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10, 12))  # every kernel, fewer forms
 ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the most
     (MoEConfig(num_experts=8, top_k=2, hidden_size=8, intermediate_size=8), False),
     (
@@ -295,7 +314,9 @@ def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
             gen = torch.Generator().manual_seed(m)
             ids = torch.rand(m, c.e, generator=gen).topk(c.k).indices.to(torch.int32)
             weights = torch.full((m, c.k), 1.0 / c.k)
-            fused_moe(x, w13, w2, Routing(topk_weights=weights, topk_ids=ids), config)
+            routing = Routing(topk_weights=weights, topk_ids=ids)
+            path = "auto" if c.tiles is None else "gemm"
+            fused_moe(x, w13, w2, routing, config, tiles=c.tiles, path=path)
             yield from launches
             launches.clear()
     for route_config, biased in ROUTES:

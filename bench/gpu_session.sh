@@ -12,6 +12,9 @@
 # "probes": the prepared probe_mma.py sets instead (PROBE_SET 13: the table with PDL as
 # set and flipped; 14: 64-column tiles with the input through the ring, for Mixtral
 # M = 64; 15: odd K splits, for Mixtral M = 4), logs in $OUT/probe_mma_set*.log.
+# "wgmma": the warpgroup-MMA kernel (GemmTiles.wgmma; written 2026-12-05 without a GPU):
+# its CUDA tests first, then probe_mma.py PROBE_SET 16 against the table (async, then
+# WGMMA_SYNC=1 at Mixtral M = 64), logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -37,6 +40,19 @@ if [ "$mode" = "quick" ]; then  # what changed since the full suite, and the hos
   quick graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
   for job in $(jobs -p); do wait "$job" || status=1; done
   tail -n 2 "$out"/quick_*.log
+  exit $status
+fi
+if [ "$mode" = "wgmma" ]; then
+  timeout 170 python -m pytest -q -p no:cacheprovider tests/backends/test_triton_gemm_variants_cuda.py \
+    -k wgmma > "$out/wgmma_tests.log" 2>&1 || status=1
+  tail -n 4 "$out/wgmma_tests.log"
+  PROBE_SET=16 PROBE_M=16,64,256 timeout 240 python bench/probe_mma.py mixtral-8x7b deepseek-v3 \
+    > "$out/probe_mma_set16a.log" 2>&1 || status=1
+  PROBE_SET=16 PROBE_M=16,64 timeout 120 python bench/probe_mma.py qwen3-235b-a22b qwen3-30b-a3b \
+    > "$out/probe_mma_set16b.log" 2>&1 || status=1
+  WGMMA_SYNC=1 PROBE_SET=16 PROBE_M=64 timeout 60 python bench/probe_mma.py mixtral-8x7b \
+    > "$out/probe_mma_set16_sync.log" 2>&1 || status=1
+  grep -h "M=" "$out"/probe_mma_set16*.log | tail -80
   exit $status
 fi
 if [ "$mode" = "probes" ]; then

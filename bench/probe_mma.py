@@ -19,7 +19,12 @@ table has it and flipped, each twice; the sweep that chose the table's form ran
 ``bench/probe_pdl.py`` of commit f3ab058, since removed; ``PROBE_SET=14``: 64-column
 tiles with the input through the ring in 16- and 32-row blocks, w13 unsplit, the w2
 split as the table's and halved; ``PROBE_SET=15``: the table's form with w13 split 1-3
-and w2 split 2-8 ways, odd splits included, for the waves of few busy experts);
+and w2 split 2-8 ways, odd splits included, for the waves of few busy experts;
+``PROBE_SET=16``: the warpgroup-MMA kernel, ``GemmTiles.wgmma``, in 16- and 32-row
+blocks (32 and 64 where the table's blocks are larger) of 64 x 128 on 4 warps and
+128 x 128 on 8, w13 unsplit, the w2 split as
+the table's and halved; ``WGMMA_SYNC=1``: each MMA waited for before the next
+dequantization);
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -118,6 +123,26 @@ def variants(default: MoETiles) -> dict[str, MoETiles | None]:
     """``None``: the layer as the table runs it (``path="auto"``, GEMV where chosen)."""
     out: dict[str, MoETiles | None] = {"auto": None, "table gemm": default}
     w13, w2 = default.w13, default.w2
+    if os.environ.get("PROBE_SET") == "16":
+        blocks = (32, 64) if default.block_m > 16 else (16, 32)
+        for bm in blocks:
+            for bn, warps in ((64, 4), (128, 8)):
+                form = attrs.evolve(
+                    MMA_TILES, block_n=bn, num_warps=warps, num_stages=1,
+                    copy_steps=1, wgmma=True,
+                )  # fmt: skip
+                for split2 in sorted({w2.split_k, max(1, w2.split_k // 2)}):
+                    key = f"wgmma bm{bm} {bn} w{warps} w2 split {split2}"
+                    if os.environ.get("WGMMA_SYNC") == "1":
+                        key += " sync"
+                    out[key] = MoETiles(
+                        block_m=bm,
+                        w13=attrs.evolve(form, split_k=1),
+                        w2=attrs.evolve(form, split_k=split2),
+                        pdl=default.pdl,
+                    )
+        out["table gemm again"] = default
+        return out
     if os.environ.get("PROBE_SET") == "15":
         out |= with_splits(
             default, [(a, b) for a in (1, 2, 3) for b in (2, 3, 4, 5, 6, 8)]
@@ -356,6 +381,10 @@ def main() -> None:
     if sys.argv[1:2] == ["ncu"]:
         ncu()
         return
+    if os.environ.get("WGMMA_SYNC") == "1":  # PROBE_SET=16: each MMA waited for
+        import backends.triton._launch as launch
+
+        launch.WGMMA_ASYNC = False
     only = sys.argv[1:] or list(MODELS)
     ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
     torch.manual_seed(0)

@@ -211,8 +211,10 @@ def launch_gemm(
 
     ``_moe_gemm_kernel``, or with ``tiles.mma`` the Gluon ``_moe_gemm_mma_kernel``
     (same arguments) where words fit, ``mma_target`` holds and the row block is one of
-    ``MMA_BLOCK_M``; 8-row blocks anywhere else are an error (the Triton kernel's
-    dots need 16 rows). ``tiles.x_shared`` applies where the input's rows are whole
+    ``MMA_BLOCK_M``, and with ``tiles.wgmma`` on Hopper (``wgmma_target``) the
+    warpgroup-MMA ``_moe_gemm_wgmma_kernel`` (same arguments) for row blocks of
+    ``WGMMA_BLOCK_M``; 8-row blocks
+    anywhere else are an error (the Triton kernel's dots need 16 rows). ``tiles.x_shared`` applies where the input's rows are whole
     16-byte copies that Triton can see as such (``_whole_copies``); elsewhere the same
     tiles load the input into registers.
 
@@ -243,8 +245,11 @@ def launch_gemm(
         _check_split_rows(out, tiles.split_k, n, perm_out)
         n, gated = 2 * n, False
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
+    wgmma = (
+        tiles.wgmma and words and wgmma_target(a_MK) and align.block_m in WGMMA_BLOCK_M
+    )
     mma = tiles.mma and words and mma_target(a_MK) and align.block_m in MMA_BLOCK_M
-    if tiles.mma and not mma:
+    if tiles.mma and not (mma or wgmma):
         _check_triton_rows(align.block_m, a_MK, words=words)
     args = (
         a_MK, b.data, scale, zero, out, align.sorted_pairs, align.block_expert,
@@ -264,6 +269,15 @@ def launch_gemm(
         "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
         "num_warps": tiles.num_warps,
     }  # fmt: skip
+    if wgmma:
+        from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
+
+        pdl = pdl and pdl_target(a_MK)
+        _moe_gemm_wgmma_kernel[grid](
+            *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
+            PDL=pdl, ASYNC=WGMMA_ASYNC, **pdl_launch_options(on=pdl),
+        )  # fmt: skip
+        return
     if mma:
         from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 
@@ -325,8 +339,14 @@ def _check_split_rows(out: torch.Tensor, split: int, n: int, perm_out: int) -> N
         raise ValueError(msg)
 
 
+WGMMA_ASYNC = True
+"""The warpgroup kernel's gated step starts the gate rows' MMA before dequantizing the
+up rows (``ASYNC``); ``False`` waits for each MMA before the next dequantization."""
+
 MMA_BLOCK_M = (8, 16, 32)
 """Row blocks (tokens of the MMA's N) the Gluon kernel takes (``GemmTiles.mma``)."""
+WGMMA_BLOCK_M = (8, 16, 32, 64)
+"""Row blocks the warpgroup kernel takes (``GemmTiles.wgmma``; 64 only there)."""
 
 
 def mma_target(a: torch.Tensor) -> bool:
@@ -341,6 +361,14 @@ def mma_target(a: torch.Tensor) -> bool:
         and _capability(a.device) >= 8
         and gluon_kernels()
     )
+
+
+def wgmma_target(a: torch.Tensor) -> bool:
+    """Whether ``GemmTiles.wgmma`` tiles run the warpgroup-MMA kernel on ``a``'s device.
+
+    Hopper (compute capability 9.x: ``wgmma`` is sm_90a's), where ``mma_target`` holds.
+    """
+    return mma_target(a) and _capability(a.device) == 9
 
 
 @functools.cache

@@ -60,6 +60,13 @@ class GemmTiles:
             the MMA in four 32-column sub-steps read from shared memory, instead of
             being loaded a step ahead into registers (64 registers a thread for two
             steps of 16 rows, 128 of 32).
+        wgmma: with ``mma``: on Hopper (sm_90, ``wgmma_target``) run the warpgroup-MMA
+            kernel ``_kernels_wgmma.py`` instead, whose tensor cores read the row
+            block's tokens from shared memory (the words still dequantized into the
+            register A operand), so row blocks of 32 tokens cost no spills. Needs
+            ``num_warps`` a multiple of 4 (whole warpgroups) and ``num_stages`` 1
+            (words one step ahead in registers). Elsewhere the ``mma.sync`` kernel
+            takes the same tiles.
     """
 
     block_n: int
@@ -74,6 +81,7 @@ class GemmTiles:
     mma: bool = False
     copy_steps: int = 1
     x_shared: bool = False
+    wgmma: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.copy_steps not in (1, 2, 4):
@@ -91,6 +99,13 @@ class GemmTiles:
                     f"num_stages={self.num_stages}"
                 )
                 raise ValueError(msg)
+        if self.wgmma and (not self.mma or self.num_warps % 4 or self.num_stages != 1):
+            msg = (
+                "GemmTiles.wgmma needs mma=True, num_warps a multiple of 4 and "
+                f"num_stages 1, got mma={self.mma}, num_warps={self.num_warps}, "
+                f"num_stages={self.num_stages}"
+            )
+            raise ValueError(msg)
         if self.mma and not self.int4_words:
             raise ValueError("GemmTiles: mma needs int4_words=True")
         if self.mma and (self.block_k != 128 or self.block_n % (16 * self.num_warps)):

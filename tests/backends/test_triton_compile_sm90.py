@@ -21,7 +21,7 @@ from backends.triton._launch import gluon_kernels
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = (
     "_count_experts_kernel", "_align_blocks_kernel", "_moe_gemm_kernel",
-    "_moe_gemm_mma_kernel", "_moe_gemv_kernel", "_moe_gemv_words_kernel",
+    "_moe_gemm_mma_kernel", "_moe_gemm_wgmma_kernel", "_moe_gemv_kernel", "_moe_gemv_words_kernel",
     "_moe_gemv_pairs_kernel", "_moe_gemv16_kernel", "_reduce_topk_kernel",
     "_activate_splits_kernel", "_dequant_kernel", "_route_topk_kernel",
 )  # fmt: skip

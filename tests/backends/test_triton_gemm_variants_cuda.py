@@ -12,6 +12,7 @@ import torch
 
 from backends.triton import TritonW4A16Backend
 from backends.triton._fused import fused_moe
+from backends.triton._launch import mma_target, wgmma_target
 from backends.triton._tiles import GemmTiles, MoETiles
 from core.config import MoEConfig
 from core.reference import moe_forward_reference
@@ -49,6 +50,11 @@ def _tiles(
 MMA_RING = GemmTiles(
     block_n=128, block_k=128, num_warps=4, num_stages=3, swap_ab=True,
     int4_words=True, mma=True,
+)  # fmt: skip
+
+WGMMA = GemmTiles(
+    block_n=128, block_k=128, num_warps=8, num_stages=1, swap_ab=True,
+    int4_words=True, mma=True, wgmma=True,
 )  # fmt: skip
 
 NARROW_SHARED = GemmTiles(
@@ -126,6 +132,19 @@ VARIANTS = {
         w13=attrs.evolve(NARROW_SHARED, copy_steps=2, split_k=1),
         w2=attrs.evolve(NARROW_SHARED, copy_steps=2),
     ),
+    "wgmma-32x128x128-w8-split2": MoETiles(
+        block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)
+    ),
+    "wgmma-16x64x128-w4-w13split2-split3": MoETiles(
+        block_m=16,
+        w13=attrs.evolve(WGMMA, block_n=64, num_warps=4, split_k=2),
+        w2=attrs.evolve(WGMMA, block_n=64, num_warps=4, split_k=3),
+    ),
+    "wgmma-8x128x128-w4": MoETiles(
+        block_m=8,
+        w13=attrs.evolve(WGMMA, num_warps=4),
+        w2=attrs.evolve(WGMMA, num_warps=4),
+    ),
     "words-swap-16x64x128-w13split2": attrs.evolve(
         _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
         w13=attrs.evolve(
@@ -166,6 +185,14 @@ def test_gemm_operand_variants(
 
 
 MMA = VARIANTS["mma-16x64x128-split2"]
+WGMMA_TILES = VARIANTS["wgmma-32x128x128-w8-split2"]
+
+
+def test_wgmma_runs_on_hopper() -> None:
+    """The ``wgmma`` cases test the warpgroup kernel only where it runs: say which."""
+    x = torch.empty(1, device="cuda")
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    assert wgmma_target(x) == (hopper and mma_target(x))
 
 
 @pytest.mark.parametrize("tokens", [1, 37])
@@ -180,7 +207,8 @@ MMA = VARIANTS["mma-16x64x128-split2"]
     ],
     ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
 )
-def test_mma_options(options: dict[str, object], tokens: int) -> None:
+@pytest.mark.parametrize("tiles", [MMA, WGMMA_TILES], ids=["mma", "wgmma"])
+def test_mma_options(options: dict[str, object], tokens: int, tiles: MoETiles) -> None:
     """The Gluon kernel's epilogue: activations, biases, router weight on input."""
     base: dict[str, object] = {
         "num_experts": 8, "top_k": 2, "hidden_size": 512, "intermediate_size": 384,
@@ -194,7 +222,7 @@ def test_mma_options(options: dict[str, object], tokens: int) -> None:
         seed=5,
         path="gemm",
         drop=True,
-        tiles=MMA,
+        tiles=tiles,
     )
 
 
@@ -216,32 +244,41 @@ def test_mma_matches_word_kernel(scheme: Int4Scheme, dtype: torch.dtype) -> None
     expected = moe_forward_reference(hidden_TD, weights, routing, config)
     words = VARIANTS["words-swap-16x64x128-split2"]
     out = {}
-    for name, tiles in (("mma", MMA), ("words", words)):
+    for name, tiles in (("mma", MMA), ("wgmma", WGMMA_TILES), ("words", words)):
         out[name] = fused_moe(
             hidden_TD, prepared.w13, prepared.w2, routing, config, tiles=tiles,
             path="gemm",
         )  # fmt: skip
-    diff = rel_l2(out["words"], out["mma"])
-    err_mma, err_words = rel_l2(expected, out["mma"]), rel_l2(expected, out["words"])
-    assert diff < 6e-3, (diff, err_mma, err_words)
-    assert err_mma <= 1.1 * err_words, (err_mma, err_words)
+    err_words = rel_l2(expected, out["words"])
+    for name in ("mma", "wgmma"):
+        diff = rel_l2(out["words"], out[name])
+        err = rel_l2(expected, out[name])
+        assert diff < 6e-3, (name, diff, err, err_words)
+        assert err <= 1.1 * err_words, (name, err, err_words)
 
 
 @pytest.mark.parametrize(
-    ("stages", "copy_steps", "x_shared"),
-    [(1, 1, False), (3, 1, False), (2, 2, False), (2, 2, True)],
+    ("stages", "copy_steps", "x_shared", "wgmma"),
+    [
+        (1, 1, False, False),
+        (3, 1, False, False),
+        (2, 2, False, False),
+        (2, 2, True, False),
+        (1, 1, False, True),
+    ],
 )
 @pytest.mark.parametrize("scheme", [SCHEMES[4], SCHEMES[9]], ids=lambda s: s.name)
 def test_mma_k_not_a_multiple_of_32(
-    scheme: Int4Scheme, stages: int, copy_steps: int, x_shared: bool
+    scheme: Int4Scheme, stages: int, copy_steps: int, x_shared: bool, wgmma: bool
 ) -> None:
     """F = 328: w2 rows of 41 words, not whole 16-byte chunks (the kernel's word loads
     narrow), its last step a partial one; with ``x_shared`` w13 (K = 512) takes the
     input through the ring and w2 (K = 328) falls back to registers."""
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=328)
     t = attrs.evolve(
-        MMA_RING, num_stages=stages, copy_steps=copy_steps, x_shared=x_shared
-    )
+        MMA_RING, num_stages=stages, copy_steps=copy_steps, x_shared=x_shared,
+        wgmma=wgmma,
+    )  # fmt: skip
     tiles = MoETiles(block_m=16, w13=t, w2=attrs.evolve(t, split_k=2))
     check_fused(
         config, scheme, torch.bfloat16, 21, seed=7, path="gemm", drop=True,
@@ -271,6 +308,10 @@ PDL_CASES = {
     "16-row-ring3-many-blocks": (
         (64, 4, 1024, 512, 300),
         MoETiles(block_m=16, w13=MMA_RING, w2=attrs.evolve(MMA_RING, split_k=2)),
+    ),
+    "wgmma-32-row-w2-split2": (
+        (8, 2, 4096, 14336, 64),
+        MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)),
     ),
     "triton-words-w13-split2": (
         (16, 4, 1536, 704, 37),

@@ -61,3 +61,17 @@ def test_gemm_tiles_shared_input_needs_the_gluon_ring() -> None:
         ValueError, match=r"x_shared needs mma=True .* mma=True, num_stages=1"
     ):
         attrs.evolve(mma, num_stages=1)
+
+
+def test_gemm_tiles_wgmma_needs_mma_whole_warpgroups_and_registers() -> None:
+    wgmma = GemmTiles(
+        block_n=128, block_k=128, num_warps=8, num_stages=1, swap_ab=True,
+        int4_words=True, mma=True, wgmma=True,
+    )  # fmt: skip
+    assert wgmma.wgmma
+    with pytest.raises(ValueError, match=r"wgmma needs mma=True.* got mma=False"):
+        attrs.evolve(wgmma, mma=False)
+    with pytest.raises(ValueError, match=r"multiple of 4 .* num_warps=2"):
+        attrs.evolve(wgmma, num_warps=2)
+    with pytest.raises(ValueError, match=r"num_stages 1, .* num_stages=3"):
+        attrs.evolve(wgmma, num_stages=3)

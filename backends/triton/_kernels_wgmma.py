@@ -1,0 +1,321 @@
+# mypy: disallow-untyped-defs=False, disallow-incomplete-defs=False
+# mypy: disallow-untyped-calls=False, disallow-untyped-decorators=False
+# mypy: disable-error-code="possibly-undefined"
+"""Gluon kernel of the decode GEMM on Hopper: int4 words into ``wgmma``'s register A.
+
+``_moe_gemm_wgmma_kernel`` computes what ``_moe_gemm_mma_kernel`` computes (same
+arguments, same outputs) with the warpgroup MMA of sm_90 (``wgmma.mma_async``
+m64nNk16) instead of ``mma.sync`` m16n8k16. Within each warp the A fragment of the
+warpgroup instruction is that of ``mma.sync`` (rows ``g`` and ``g + 8`` of the warp's
+16, columns ``2c + {0, 1, 8, 9}`` of each 16-column slice), so the words reach the
+tensor cores in the same logical K order from the same loads (``_kernels_mma.py`` has
+the map). What changes is the other operand: the tokens (the instruction's N, 8 to
+256) are read by the tensor cores from shared memory, not held in every thread's
+registers. The ``mma.sync`` form holds a row block's activation fragments in each
+thread (64 registers a step at 32 rows), which spills past 16-row blocks; here a
+step's activation is written once into one of two shared-memory slots, in logical K
+order, and 32-row blocks (or more) cost the accumulator's ``BLOCK_M / 2`` registers
+a thread and tile, so an expert with 17-32 pairs is read once instead of twice.
+
+Words and scales come one step ahead in registers (``_load_words``); the activation
+of the next step is loaded into registers during the step and stored into the other
+slot after its MMA. sm_90 only (``wgmma``); no interpreter.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from backends.triton._kernels import _grid_dependency
+from backends.triton._kernels_mma import _store_tile
+from backends.triton._kernels_mma_steps import (
+    _dequant,
+    _load_words,
+    _row_scales,
+    _words_layout,
+)
+
+# A CTA-wide barrier: ``thread_barrier`` in triton 3.6, renamed ``barrier`` in 3.7.
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.constexpr_function
+def _wgmma_layout(block_m, warps):
+    """The accumulator: ``wgmma`` m64 tiles of ``block_m`` columns, warps along the rows."""
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_m, 16]
+    )
+
+
+@gluon.constexpr_function
+def _x_load_layout(block_m, warps):
+    """A step's activation ``(block_m, 128)`` as loaded: 16 bytes a thread, K fastest."""
+    return gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _x_shared_layout(block_m):
+    """The shared slots of the activation ``(block_m, 128)``: K-major, 128-byte swizzle."""
+    return gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False
+    )
+
+
+@gluon.jit
+def _to_logical_rows(x, BLOCK_M: gl.constexpr):
+    """Activation ``x[m, k]`` (real K order) to ``(BLOCK_M, 128)`` in logical K order.
+
+    Real column ``32c + 8r + 4h + 2i1 + i0`` to logical ``32r + 16i1 + 8i0 + 2c + h``
+    (``_kernels_mma.py``), each token's row kept.
+    """
+    v = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # [m, c, r, h, i1, i0]
+    v = gl.permute(v, [0, 2, 4, 5, 1, 3])  # [m, r, i1, i0, c, h]
+    return gl.reshape(v, [BLOCK_M, 128])
+
+
+@gluon.jit
+def _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end):
+    """The activation's step at ``k0`` in real K order (zero past ``k_end``)."""
+    cols = k0 + offs_kx
+    return gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
+
+
+@gluon.jit
+def _wgmma_step(
+    acc, words, s_b, bias, xs, sc,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+):  # fmt: skip
+    """``acc`` plus one 128-column step: the dequantized words times slot ``xs``."""
+    tok, a = _wgmma_issue(
+        acc, words, s_b, bias, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+        POST_SCALE,
+    )  # fmt: skip
+    return _wgmma_retire(acc, tok, a, sc, 0, POST_SCALE)
+
+
+@gluon.jit
+def _wgmma_issue(
+    acc, words, s_b, bias, xs,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+):  # fmt: skip
+    """Dequantize a step's words and start its MMA against slot ``xs``, asynchronously.
+
+    ``(token, a)``: the MMA's pending result and its A operand, which must stay in
+    registers until ``_wgmma_retire`` waits for it. With ``POST_SCALE`` the MMA starts
+    from zero (the step's product, scaled when retired), else from ``acc``.
+    """
+    a = _dequant(words, s_b, bias, CT, BLOCK_N, A_LAYOUT, POST_SCALE)
+    b = xs.permute((1, 0))  # (128, BLOCK_M)
+    if POST_SCALE:
+        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+        tok = warpgroup_mma(a, b, zero, use_acc=False, is_async=True)
+    else:
+        tok = warpgroup_mma(a, b, acc, is_async=True)
+    return tok, a
+
+
+@gluon.jit
+def _wgmma_retire(acc, tok, a, sc, PENDING: gl.constexpr, POST_SCALE: gl.constexpr):
+    """Wait until at most ``PENDING`` MMAs are in flight, ``tok``'s done; add it to ``acc``."""
+    p, a = warpgroup_mma_wait(PENDING, deps=[tok, a])
+    if POST_SCALE:
+        acc += p * sc
+    else:
+        acc = p
+    return acc
+
+
+@gluon.jit
+def _moe_gemm_wgmma_kernel(
+    # pointers
+    a_ptr,
+    b_ptr,
+    scale_ptr,
+    zero_ptr,
+    c_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    block_rows_ptr,
+    topk_weights_ptr,
+    bias_ptr,
+    # sizes
+    N,
+    K,
+    k_words,
+    k_per_split,
+    alpha,
+    limit,
+    expert_lo,
+    expert_hi,
+    # strides
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_se,
+    stride_sn,
+    stride_cs,
+    stride_cm,
+    stride_bias,
+    # meta-parameters
+    A_DIV: gl.constexpr,
+    GROUP: gl.constexpr,
+    HAS_ZP: gl.constexpr,
+    GATED: gl.constexpr,
+    ACT: gl.constexpr,
+    WEIGHT_ROWS: gl.constexpr,
+    CT: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    POST_SCALE: gl.constexpr,
+    WARPS: gl.constexpr,
+    PDL: gl.constexpr,
+    ASYNC: gl.constexpr,
+):
+    """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
+
+    Column tiles in row-block-fastest order; K steps of 128. ``PDL`` as in
+    ``_moe_gemm_mma_kernel``.
+    """
+    if PDL:
+        _grid_dependency(WAIT=True, NEXT=False)
+    W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
+    ACC_LAYOUT: gl.constexpr = _wgmma_layout(BLOCK_M, WARPS)
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
+    X_LAYOUT: gl.constexpr = _x_load_layout(BLOCK_M, WARPS)
+    pid = gl.program_id(0)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    blocks = gl.num_programs(0) // tiles_n
+    pid_b = pid % blocks
+    pid_n = pid // blocks
+    pid_s = gl.program_id(2)
+    e = gl.load(block_expert_ptr + pid_b)
+    if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk
+        return
+    n_rows = gl.load(block_rows_ptr + pid_b)
+    w_e = b_ptr.to(gl.pointer_type(gl.int32)) + (e - expert_lo).to(gl.int64) * (
+        stride_be // 4
+    )
+    s_e = scale_ptr + e.to(gl.int64) * stride_se
+    z_e = zero_ptr + e.to(gl.int64) * stride_se
+    stride_wn = stride_bn // 4
+
+    W_ROWS: gl.constexpr = gl.SliceLayout(1, W_LAYOUT)
+    W_COLS: gl.constexpr = gl.SliceLayout(0, W_LAYOUT)
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=W_ROWS)
+    rows = gl.expand_dims(offs_n.to(gl.int64), 1)
+    row_mask = gl.expand_dims(offs_n < N, 1)
+    kw = gl.expand_dims(gl.arange(0, 16, layout=W_COLS), 0)
+
+    X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LAYOUT)
+    X_COLS: gl.constexpr = gl.SliceLayout(0, X_LAYOUT)
+    offs_mx = gl.arange(0, BLOCK_M, layout=X_ROWS)
+    pairs_x = gl.load(
+        sorted_ptr + pid_b * BLOCK_M + offs_mx, mask=offs_mx < n_rows, other=0
+    )
+    x_rows = gl.expand_dims((pairs_x // A_DIV).to(gl.int64) * stride_am, 1)
+    x_mask_m = gl.expand_dims(offs_mx < n_rows, 1)
+    offs_kx = gl.expand_dims(gl.arange(0, 128, layout=X_COLS), 0)
+
+    C_ROWS: gl.constexpr = gl.SliceLayout(1, ACC_LAYOUT)
+    C_COLS: gl.constexpr = gl.SliceLayout(0, ACC_LAYOUT)
+    offs_nc = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=C_ROWS)
+    n_mask = offs_nc < N
+    rows_c = offs_nc.to(gl.int64)
+
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    k_start = pid_s * k_per_split
+    k_end = gl.minimum(k_start + k_per_split, K)
+    w_end = k_end // 8
+
+    SMEM: gl.constexpr = _x_shared_layout(BLOCK_M)
+    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], SMEM)
+    x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
+    slots.index(0).store(_to_logical_rows(x.to(CT), BLOCK_M))
+    fence_async_shared()
+    _cta_barrier()
+    wd, s_b, bias = _load_words(
+        w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, w_end, stride_wn, stride_sn,
+        GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
+    )  # fmt: skip
+    sc = _row_scales(s_e, rows_c, n_mask, k_start, k_end, stride_sn, GROUP)
+    wd_up, s_up, bias_up = _load_words(
+        w_e, s_e, z_e, rows + N, row_mask & GATED, kw, k_start, k_end, w_end,
+        stride_wn, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
+    )  # fmt: skip
+    sc_up = _row_scales(
+        s_e, rows_c + N, n_mask & GATED, k_start, k_end, stride_sn, GROUP
+    )
+    it = 0
+    for k0 in range(k_start, k_end, 128):
+        nk = k0 + 128
+        x_next = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, nk, k_end)
+        wd_next, s_next, bias_next = _load_words(
+            w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, w_end, stride_wn, stride_sn,
+            GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
+        )  # fmt: skip
+        if POST_SCALE:
+            sc_next = _row_scales(s_e, rows_c, n_mask, nk, k_end, stride_sn, GROUP)
+        if GATED:
+            wd_up_next, s_up_next, bias_up_next = _load_words(
+                w_e, s_e, z_e, rows + N, row_mask, kw, nk, k_end, w_end, stride_wn,
+                stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
+            )  # fmt: skip
+            if POST_SCALE:
+                sc_up_next = _row_scales(
+                    s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
+                )
+        xs = slots.index(it % 2)
+        if ASYNC and GATED:  # the gate's MMA runs while the up rows dequantize
+            tok, a = _wgmma_issue(
+                acc, wd, s_b, bias, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+                POST_SCALE,
+            )  # fmt: skip
+            tok_up, a_up = _wgmma_issue(
+                acc_up, wd_up, s_up, bias_up, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+                ACC_LAYOUT, POST_SCALE,
+            )  # fmt: skip
+            acc = _wgmma_retire(acc, tok, a, sc, 1, POST_SCALE)
+            acc_up = _wgmma_retire(acc_up, tok_up, a_up, sc_up, 0, POST_SCALE)
+        else:
+            acc = _wgmma_step(
+                acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+                ACC_LAYOUT, POST_SCALE,
+            )  # fmt: skip
+            if GATED:
+                acc_up = _wgmma_step(
+                    acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
+                    A_LAYOUT, ACC_LAYOUT, POST_SCALE,
+                )  # fmt: skip
+        if GATED:
+            if POST_SCALE:
+                sc_up = sc_up_next
+            wd_up = wd_up_next
+            s_up = s_up_next
+            bias_up = bias_up_next
+        if POST_SCALE:
+            sc = sc_next
+        # The other slot was last read by the step before this one, whose MMAs every
+        # warp has waited for before the barrier that ended it.
+        slots.index((it + 1) % 2).store(_to_logical_rows(x_next.to(CT), BLOCK_M))
+        fence_async_shared()
+        _cta_barrier()
+        it += 1  # noqa: SIM113 (a Triton range has no enumerate)
+        wd = wd_next
+        s_b = s_next
+        bias = bias_next
+
+    if PDL:
+        _grid_dependency(WAIT=False, NEXT=True)
+    _store_tile(
+        acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
+        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        stride_bias, BLOCK_M, C_COLS, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+    )  # fmt: skip
