@@ -315,8 +315,10 @@ def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
             ids = torch.rand(m, c.e, generator=gen).topk(c.k).indices.to(torch.int32)
             weights = torch.full((m, c.k), 1.0 / c.k)
             routing = Routing(topk_weights=weights, topk_ids=ids)
-            path = "auto" if c.tiles is None else "gemm"
-            fused_moe(x, w13, w2, routing, config, tiles=c.tiles, path=path)
+            if c.tiles is None:
+                fused_moe(x, w13, w2, routing, config)
+            else:
+                fused_moe(x, w13, w2, routing, config, tiles=c.tiles, path="gemm")
             yield from launches
             launches.clear()
     for route_config, biased in ROUTES:

@@ -3,6 +3,7 @@
 May import core only.
 """
 
+import math
 from numbers import Integral
 
 import torch
@@ -120,3 +121,40 @@ def local_experts(
         expert_map, num_experts=config.num_experts, num_local_experts=local
     )
     return local
+
+
+CODE_BUFFERS = ("w13_qdata", "w2_qdata", "w13_zero_point", "w2_zero_point")
+"""Int4MoE's integer buffers (int4 codes and zero points), ``None`` where absent."""
+FLOAT_BUFFERS = ("w13_scale", "w2_scale", "w13_bias", "w2_bias")
+"""Int4MoE's floating buffers of the experts, ``None`` where absent."""
+
+
+def frozen_copy(
+    t: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """A detached copy of ``t`` in ``dtype`` (on ``device``).
+
+    No autograd history and no storage shared with the caller's tensor.
+    """
+    return t.detach().to(device=device or t.device, dtype=dtype, copy=True)
+
+
+def unloaded_buffer(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None
+) -> torch.Tensor:
+    """A buffer before loading: NaN where floating (``check_loaded`` tells), else empty.
+
+    Int4 codes have no value that could mark them; a state loaded without them fails
+    ``load_state_dict``'s strict key check, and one loaded ``strict=False`` without
+    the scales fails ``check_loaded``.
+    """
+    if dtype.is_floating_point:
+        return torch.full(shape, math.nan, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def check_optional_tensors(**tensors: object) -> None:
+    """Each named argument is a tensor or ``None``."""
+    for name, tensor in tensors.items():
+        if tensor is not None:
+            check_type(name, tensor, torch.Tensor)

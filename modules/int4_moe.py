@@ -6,7 +6,6 @@
 May import core and backends. Shape legend: ``T`` tokens, ``D`` hidden, ``E`` experts.
 """
 
-import math
 import os
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
@@ -14,47 +13,35 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
-from torch import nn
 
 from backends.base import DeviceInfo, MoEBackend, PreparedExperts
 from backends.registry import check_backend_name, is_known_backend, select_backend
 from backends.triton import fused_router_for
 from core.config import MoEConfig
-from core.errors import ConfigError, DeviceError, DTypeError
 from core.inputs import resolve_routing
 from core.layout import CANONICAL_LAYOUT
 from core.quantize import quantize_expert_weights
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from core.validate import (
-    ACTIVATION_DTYPES,
     check_activation_dtype,
-    check_cast_fits,
     check_expert_weights,
-    check_finite,
     check_float_expert_weights,
     check_hidden_states,
-    check_loaded,
     check_scheme,
-    check_shape,
     check_type,
 )
 from core.weights import QuantizedExpertWeights
 from modules.backward import run_experts, wants_grad
-from modules.buffers import (
-    canonical_buffer_specs,
-    check_expert_map,
-    default_expert_map,
-    expert_map_size,
-    local_experts,
-)
+from modules.buffers import check_optional_tensors, frozen_copy, local_experts
 from modules.custom_op import STATE, describe_layer, forward_op, register_layer
-from modules.prepared import PreparedCache, version
+from modules.layer_state import Int4MoEState
+from modules.prepared import PreparedCache
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is 3.11+; torch needs this package
 
 
-class Int4MoE(nn.Module):
+class Int4MoE(Int4MoEState):
     """A Mixture-of-Experts layer whose experts are stored as int4 weights (W4A16).
 
     Buffers (the whole state): ``w13_qdata`` uint8 ``(E, 2F, D/2)``, ``w13_scale``
@@ -89,20 +76,7 @@ class Int4MoE(nn.Module):
         BackendUnavailableError: for a backend name that is not registered.
     """
 
-    # What strict checkers see (nn.Module's __getattr__ says ``Tensor | Module``).
-    # Zero points and expert biases hold tensors only where the scheme or config has
-    # them, and read as ``None`` elsewhere (a ``None`` buffer: not in ``state_dict``).
-    w13_qdata: torch.Tensor
-    w13_scale: torch.Tensor
-    w13_zero_point: torch.Tensor | None
-    w2_qdata: torch.Tensor
-    w2_scale: torch.Tensor
-    w2_zero_point: torch.Tensor | None
-    w13_bias: torch.Tensor | None
-    w2_bias: torch.Tensor | None
-    gate_weight: nn.Parameter | None
-    e_score_correction_bias: torch.Tensor | None
-    expert_map: torch.Tensor | None
+    # The buffers and their annotations: ``Int4MoEState`` (modules/layer_state.py).
     op_spec: str
     """The layer's config, scheme and backend as ``int4_moe::forward`` takes them."""
     check_topk_ids: bool
@@ -125,43 +99,21 @@ class Int4MoE(nn.Module):
         with_correction_bias: bool = False,
         num_local_experts: int | None = None,
     ) -> None:
-        super().__init__()
         check_type("config", config, MoEConfig)
         check_type("scheme", scheme, Int4Scheme)
         check_scheme(scheme, config)
         check_activation_dtype("dtype", dtype)
-        self.config = config
-        self.scheme = scheme
-        self._prepared: PreparedCache | None = None
+        super().__init__(
+            config,
+            scheme,
+            device=device,
+            dtype=dtype,
+            with_gate=with_gate,
+            with_correction_bias=with_correction_bias,
+            num_local_experts=num_local_experts,
+        )
         self.check_topk_ids = True
-        # The expert_map last checked, its memory and its version counter.
-        self._checked_map: tuple[torch.Tensor, int, int] | None = None
-        local = expert_map_size(config, num_local_experts)
-        specs = canonical_buffer_specs(config, scheme, local, dtype)
-        for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS):  # absent ones read as None
-            spec = specs.get(name)
-            self.register_buffer(
-                name, None if spec is None else _unloaded(*spec, device)
-            )
-        e, d = config.num_experts, config.hidden_size
-        self.gate_weight = (  # float32: the top-k is sensitive to router rounding
-            nn.Parameter(_unloaded((e, d), torch.float32, device), requires_grad=False)
-            if with_gate
-            else None
-        )
-        bias = _unloaded((e,), torch.float32, device)
-        self.register_buffer(
-            "e_score_correction_bias", bias if with_correction_bias else None
-        )
-        emap = (
-            None if num_local_experts is None else default_expert_map(e, local, device)
-        )
-        self.register_buffer("expert_map", emap)
-        self._absent_buffers_last()
         self.backend = backend  # checked against the buffers' device
-        # torch leaves these public hook APIs unannotated.
-        self.register_load_state_dict_pre_hook(_check_loaded_state)  # type: ignore[no-untyped-call]
-        self.register_load_state_dict_post_hook(_invalidate_after_load)  # type: ignore[no-untyped-call]
         register_layer(self)  # findable by the compiled graphs' op, once whole
 
     if TYPE_CHECKING:
@@ -206,7 +158,7 @@ class Int4MoE(nn.Module):
         """
         check_type("weights", weights, QuantizedExpertWeights)
         check_type("config", config, MoEConfig)
-        _check_optional_tensors(
+        check_optional_tensors(
             gate_weight=gate_weight,
             e_score_correction_bias=e_score_correction_bias,
             expert_map=expert_map,
@@ -267,7 +219,7 @@ class Int4MoE(nn.Module):
         check_type("scheme", scheme, Int4Scheme)
         check_type("w13_weight", w13_weight, torch.Tensor)
         check_type("w2_weight", w2_weight, torch.Tensor)
-        _check_optional_tensors(w13_bias=w13_bias, w2_bias=w2_bias)
+        check_optional_tensors(w13_bias=w13_bias, w2_bias=w2_bias)
         check_scheme(scheme, config)
         check_float_expert_weights(w13_weight, w2_weight, config)
         if dtype is None:
@@ -276,8 +228,8 @@ class Int4MoE(nn.Module):
         check_activation_dtype("dtype", dtype)
         weights = attrs.evolve(
             quantize_expert_weights(w13_weight, w2_weight, scheme, scale_dtype=dtype),
-            w13_bias=None if w13_bias is None else _frozen(w13_bias, dtype),
-            w2_bias=None if w2_bias is None else _frozen(w2_bias, dtype),
+            w13_bias=None if w13_bias is None else frozen_copy(w13_bias, dtype),
+            w2_bias=None if w2_bias is None else frozen_copy(w2_bias, dtype),
         )
         return cls.from_quantized(
             weights,
@@ -338,66 +290,7 @@ class Int4MoE(nn.Module):
             e_score_correction_bias=loaded.e_score_correction_bias,
         )
 
-    def _adopt(
-        self,
-        weights: QuantizedExpertWeights,
-        gate_weight: torch.Tensor | None,
-        correction_bias: torch.Tensor | None,
-        expert_map: torch.Tensor | None,
-    ) -> None:
-        for name, tensor in weights.tensors().items():
-            # the given tensor itself; detached (same storage) if it carries history
-            self.register_buffer(
-                name, tensor.detach() if tensor.requires_grad else tensor
-            )
-        device = weights.device
-        e, d = self.config.num_experts, self.config.hidden_size
-        if gate_weight is not None:  # copies: the caller's tensors stay theirs
-            check_shape("gate_weight", gate_weight, (e, d))
-            check_finite("gate_weight", gate_weight, allow_meta=True)
-            self.gate_weight = nn.Parameter(
-                _frozen(gate_weight, torch.float32, device), requires_grad=False
-            )
-        if correction_bias is not None:
-            check_shape("e_score_correction_bias", correction_bias, (e,))
-            check_finite("e_score_correction_bias", correction_bias, allow_meta=True)
-            self.register_buffer(
-                "e_score_correction_bias",
-                _frozen(correction_bias, torch.float32, device),
-            )
-        if expert_map is not None:
-            self.register_buffer(
-                "expert_map", expert_map.to(device=device, dtype=torch.int32)
-            )
-        self._absent_buffers_last()
-
-    def _absent_buffers_last(self) -> None:
-        """Reorder ``_buffers``: the tensors first, the absent (``None``) ones after.
-
-        ``torch.export``'s non-strict trace (torch 2.13) maps its buffer inputs by
-        position among all of ``_buffers``, ``None`` entries counted, so a ``None``
-        before a tensor shifted the map past the end (``IndexError``) when the layer
-        with its own router was exported as the root module. State keys are unchanged.
-        """
-        ordered = sorted(self._buffers.items(), key=lambda item: item[1] is None)
-        self._buffers.clear()
-        self._buffers.update(ordered)
-
     # ------------------------------------------------------------------ state
-    @property
-    def weights(self) -> QuantizedExpertWeights:
-        """The canonical int4 weights (the buffers themselves, not copies)."""
-        return QuantizedExpertWeights.from_tensors(self._buffers, self.scheme)
-
-    def _buffer(self, name: str) -> torch.Tensor:
-        tensor = self._optional_buffer(name)
-        assert tensor is not None, name
-        return tensor
-
-    def _optional_buffer(self, name: str) -> torch.Tensor | None:
-        tensor = self._buffers.get(name)
-        return tensor
-
     @property
     def backend(self) -> str:
         """`auto` or the registered backend name asked for.
@@ -422,14 +315,6 @@ class Int4MoE(nn.Module):
     def backend_name(self) -> str | None:
         """Name of the backend serving the last forward (``None`` before the first)."""
         return None if self._prepared is None else self._prepared.backend.name
-
-    def invalidate_prepared(self) -> None:
-        """Drop the backend's prepared form.
-
-        In-place edits of buffers made under ``torch.inference_mode`` need it (they
-        keep no version counter); other edits are seen without it.
-        """
-        self._prepared = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Machine-specific and derived: pickles and copies prepare again.
@@ -552,19 +437,6 @@ class Int4MoE(nn.Module):
             out_TD = run_experts(backend, prepared, hidden_TD, routing)
             return out_TD.reshape(hidden_states.shape)
 
-    def _check_device(self, hidden_states: torch.Tensor) -> None:
-        device = self._buffer("w13_qdata").device
-        if device.type == "meta":
-            raise DeviceError(
-                "Int4MoE must hold its weights to run, got buffers on the meta device "
-                "(materialize them first, for example with to_empty and load_state_dict)"
-            )
-        if hidden_states.device != device:
-            raise DeviceError(
-                f"hidden_states must be on the module's device {device}, "
-                f"got {hidden_states.device}"
-            )
-
     def _ready(self, dtype: torch.dtype) -> tuple[MoEBackend, PreparedExperts]:
         qdata = self._buffer("w13_qdata")
         key = (qdata.device, dtype)
@@ -597,160 +469,6 @@ class Int4MoE(nn.Module):
             )
         return backend, prepared
 
-    def _check_map_if_new(self) -> None:
-        """Check ``expert_map`` when it is another tensor than the one last checked.
-
-        The prepared form does not depend on the map, so replacing it (expert-parallel
-        rebalancing) costs this check, not a prepare. A new tensor, new memory
-        (``expert_map.data = ...``) and in-place edits (``expert_map[2] = 7``, seen by
-        the tensor's version counter) are all seen.
-        """
-        emap = self._optional_buffer("expert_map")
-        if emap is None:
-            return
-        mark = (emap, emap.data_ptr(), version(emap))
-        seen = self._checked_map
-        if seen is not None and seen[0] is emap and seen[1:] == mark[1:]:
-            return
-        check_expert_map(
-            emap,
-            num_experts=self.config.num_experts,
-            num_local_experts=self._buffer("w13_qdata").shape[0],
-        )
-        self._checked_map = mark
-
-    def _checked_weights(self) -> QuantizedExpertWeights:
-        """The buffers as weights, checked before a backend reads them.
-
-        Buffers may have been reassigned, loaded with ``strict=False`` or made by
-        ``to_empty`` since they were last checked: a wrong shape would be read out of
-        bounds by a kernel, and an uninitialized ``expert_map`` would route anywhere.
-        Runs when the prepared form is rebuilt, not on every call.
-        """
-        weights = self.weights
-        for name in _FLOAT_BUFFERS:
-            check_loaded(name, self._optional_buffer(name))
-        check_loaded("gate_weight", self.gate_weight)
-        check_loaded(
-            "e_score_correction_bias", self._optional_buffer("e_score_correction_bias")
-        )
-        local = int(weights.w13_qdata.shape[0])
-        check_expert_weights(weights, self.config, num_experts=local)
-        for name, router in (
-            ("gate_weight", self.gate_weight),
-            (
-                "e_score_correction_bias",
-                self._optional_buffer("e_score_correction_bias"),
-            ),
-        ):
-            if router is not None:
-                check_finite(name, router.detach(), allow_meta=True)
-        self._checked_map = None  # checked again, against these weights' expert count
-        self._check_map_if_new()
-        return weights
-
-    def to_empty(
-        self, *, device: torch.device | str | int | None, recurse: bool = True
-    ) -> "Self":
-        """``nn.Module.to_empty``, leaving the layer as a new one is.
-
-        NaN in the floating buffers and the router (``NotLoadedError`` until loaded, as
-        after construction) and the default ``expert_map``, not uninitialized memory
-        that a partial load would leave read as weights.
-        """
-        super().to_empty(device=device, recurse=recurse)
-        with torch.no_grad():
-            for name in (*_FLOAT_BUFFERS, "e_score_correction_bias"):
-                tensor = self._optional_buffer(name)
-                if tensor is not None:
-                    tensor.fill_(math.nan)
-            if self.gate_weight is not None:
-                self.gate_weight.fill_(math.nan)
-            emap = self._optional_buffer("expert_map")
-            if emap is not None:
-                local = int(self._buffer("w13_qdata").shape[0])
-                emap.copy_(
-                    default_expert_map(self.config.num_experts, local, emap.device)
-                )
-        self.invalidate_prepared()
-        return self
-
-    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> "Self":  # noqa: FBT001, FBT002  # nn.Module's signature
-        """``nn.Module._apply`` (``.to``, ``.half()``, ...), the router kept float32.
-
-        A dtype cast would round the float32 router (and the correction bias), which
-        moves tokens to other experts; they follow device moves only. The prepared
-        form is dropped at once (it holds the old tensors).
-
-        Raises:
-            DTypeError: before anything moves, for a cast that would leave the scales
-                in a dtype no backend reads (``.double()``), or that would convert the
-                integer buffers (``.type(torch.float16)``).
-            ShapeError: before anything moves, for a cast that scales or expert
-                biases do not fit (values overflowing, or nonzero ones rounding to 0,
-                as bf16 scales below fp16's range do under ``.half()``).
-        """
-        scale = self._buffer("w13_scale")
-        for codes in (torch.uint8, torch.int64):  # int4 codes, zero points; expert_map
-            moved = fn(torch.empty(0, dtype=codes, device=scale.device))
-            if isinstance(moved, torch.Tensor) and moved.dtype != codes:
-                raise DTypeError(
-                    f"Int4MoE cannot be cast by a function that turns its {codes} "
-                    f"buffers (int4 codes, zero points, expert_map) into {moved.dtype}, "
-                    "as Module.type(dtype) does; use .to(dtype), .half() or "
-                    ".bfloat16(), which cast only floating-point tensors (this layer "
-                    "was not cast)"
-                )
-        probe = fn(torch.empty(0, dtype=scale.dtype, device=scale.device))
-        if isinstance(probe, torch.Tensor) and probe.dtype != scale.dtype:
-            if probe.dtype not in ACTIVATION_DTYPES:
-                raise DTypeError(
-                    f"Int4MoE cannot be cast to {probe.dtype}: its scales (w13_scale, "
-                    "w2_scale) must stay float32, float16 or bfloat16; this layer was "
-                    "not cast (modules cast before it in the same call were)"
-                )
-            for name in _FLOAT_BUFFERS:  # before anything moves
-                tensor = self._optional_buffer(name)
-                if tensor is not None:
-                    check_cast_fits(
-                        f"{name} (cast to {probe.dtype}; this layer was not cast)",
-                        tensor,
-                        probe.dtype,
-                    )
-        kept = {  # detached: a parameter's .data is swapped in place by _apply
-            name: tensor.detach()
-            for name, tensor in (
-                ("gate_weight", self.gate_weight),
-                (
-                    "e_score_correction_bias",
-                    self._optional_buffer("e_score_correction_bias"),
-                ),
-            )
-            if tensor is not None
-        }
-        gate_grad = (  # detached too: _apply swaps the gradient's .data in place
-            None
-            if self.gate_weight is None or self.gate_weight.grad is None
-            else self.gate_weight.grad.detach()
-        )
-        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]  # torch leaves _apply unannotated
-        for name, before in kept.items():
-            after = getattr(self, name)
-            if after.dtype != torch.float32:
-                after.data = before.detach().to(
-                    device=after.device, dtype=torch.float32
-                )
-        if self.gate_weight is not None and gate_grad is not None:
-            # a trained router's gradient stays float32 too, the values from before
-            # the cast (a round trip through fp16 would flush or overflow them)
-            grad = self.gate_weight.grad
-            if grad is not None and grad.dtype != torch.float32:
-                self.gate_weight.grad = gate_grad.to(
-                    device=grad.device, dtype=torch.float32
-                )
-        self._prepared = None
-        return self
-
     def extra_repr(self) -> str:
         """Sizes, scheme, group size, the scales' dtype, activation and backend.
 
@@ -769,146 +487,3 @@ class Int4MoE(nn.Module):
             f"{str(scale).removeprefix('torch.')}, activation={c.activation}, "
             f"backend={backend}"
         )
-
-
-def _check_optional_tensors(**tensors: object) -> None:
-    """Each named argument is a tensor or ``None``."""
-    for name, tensor in tensors.items():
-        if tensor is not None:
-            check_type(name, tensor, torch.Tensor)
-
-
-_CODE_BUFFERS = ("w13_qdata", "w2_qdata", "w13_zero_point", "w2_zero_point")
-_FLOAT_BUFFERS = ("w13_scale", "w2_scale", "w13_bias", "w2_bias")
-
-
-def _frozen(
-    t: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None
-) -> torch.Tensor:
-    """A detached copy of ``t`` in ``dtype`` (on ``device``).
-
-    No autograd history and no storage shared with the caller's tensor.
-    """
-    return t.detach().to(device=device or t.device, dtype=dtype, copy=True)
-
-
-def _unloaded(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None
-) -> torch.Tensor:
-    """A buffer before loading: NaN where floating (``check_loaded`` tells), else empty.
-
-    Int4 codes have no value that could mark them; a state loaded without them fails
-    ``load_state_dict``'s strict key check, and one loaded ``strict=False`` without
-    the scales fails ``check_loaded``.
-    """
-    if dtype.is_floating_point:
-        return torch.full(shape, math.nan, dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _check_loaded_state(
-    module: nn.Module, state_dict: Mapping[str, Any], prefix: str, *_: object
-) -> None:
-    """Refuse loaded tensors that torch's copy into the buffers would garble.
-
-    ``load_state_dict`` casts each tensor to its buffer's dtype: int32 codes would
-    wrap into uint8 and large fp32 scales overflow fp16 to inf, silently. Also
-    refuses an ``expert_map`` naming experts this module does not hold, and a state
-    of another scheme (zero points present or not, scales of another group size: the
-    state does not record its scheme), with or without ``strict`` (a zero point left
-    out would be read as garbage). Torch hands its hooks ``strict=True`` whatever the
-    caller asked, so router tensors this module lacks are left to its key report.
-    """
-    if not isinstance(module, Int4MoE):
-        return
-    _check_state_scheme(module, state_dict, prefix)
-    for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS):
-        loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
-        if not isinstance(loaded, torch.Tensor) or buffer is None:
-            continue  # torch reports missing and unexpected keys
-        if name in _CODE_BUFFERS and loaded.dtype != torch.uint8:
-            raise DTypeError(
-                f"state_dict {prefix + name} must be uint8 (int4 codes, as saved), "
-                f"got dtype {loaded.dtype}"
-            )
-        if name in _FLOAT_BUFFERS:  # torch's copy casts to the buffer's dtype
-            check_cast_fits(f"state_dict {prefix + name}", loaded, buffer.dtype)
-    emap = state_dict.get(prefix + "expert_map")
-    if emap is None:
-        return
-    if module._optional_buffer("expert_map") is None:
-        return  # torch reports the unexpected key
-    check_expert_map(
-        emap,
-        num_experts=module.config.num_experts,
-        num_local_experts=module._buffer("w13_qdata").shape[0],
-    )
-
-
-def _check_state_scheme(
-    module: "Int4MoE", state_dict: Mapping[str, Any], prefix: str
-) -> None:
-    scheme = module.scheme
-    if not isinstance(state_dict.get(prefix + "w13_qdata"), torch.Tensor):
-        return  # not this layer's state (torch reports the missing keys)
-    has_zero = isinstance(state_dict.get(prefix + "w13_zero_point"), torch.Tensor)
-    if has_zero != scheme.has_zero_point:
-        got = "has zero points" if has_zero else "has no zero points"
-        kind = "asymmetric" if scheme.has_zero_point else "symmetric"
-        raise ConfigError(
-            f"state_dict must match this Int4MoE's {kind} scheme {scheme.name}, got "
-            f"a state that {got} ({prefix}w13_zero_point): build the module with the "
-            "scheme the state was saved with (Int4MoE(config, scheme=...))"
-        )
-    c = module.config
-    for name in ("w13_qdata", "w2_qdata"):  # sizes first: a group count follows them
-        loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
-        if (
-            isinstance(loaded, torch.Tensor)
-            and buffer is not None
-            and loaded.shape[-2:] != buffer.shape[-2:]
-        ):
-            raise ConfigError(
-                f"state_dict {prefix}{name} must have rows x packed columns "
-                f"{tuple(buffer.shape[-2:])} for this Int4MoE (hidden_size="
-                f"{c.hidden_size}, intermediate_size={c.intermediate_size}), got "
-                f"{tuple(loaded.shape[-2:])}: build the module with the config the "
-                "state was saved with"
-            )
-    for name, size in (
-        ("w13_scale", module.config.hidden_size),
-        ("w2_scale", module.config.intermediate_size),
-    ):
-        loaded, buffer = state_dict.get(prefix + name), module._optional_buffer(name)
-        if (
-            isinstance(loaded, torch.Tensor)
-            and buffer is not None
-            and loaded.ndim == buffer.ndim
-            and loaded.shape[:-1] == buffer.shape[:-1]
-            and loaded.shape[-1] != buffer.shape[-1]
-            and loaded.shape[-1] > 0
-        ):
-            groups = int(loaded.shape[-1])
-            group = "-1 (one group per row)" if groups == 1 else str(size // groups)
-            raise ConfigError(
-                f"state_dict {prefix}{name} must have {buffer.shape[-1]} groups a row "
-                f"for this Int4MoE's scheme {scheme.name} (group_size "
-                f"{scheme.group_size}), got {groups}, as group_size {group} gives: "
-                "build the module with the scheme the state was saved with"
-            )
-
-
-def _invalidate_after_load(module: nn.Module, incompatible: Any) -> None:
-    del incompatible
-    if isinstance(module, Int4MoE):
-        module.invalidate_prepared()
-        # load_state_dict(assign=True) takes the state's tensors as they are: frozen
-        # here (a state tensor that required grad would make the int4 weights train).
-        for name in (*_CODE_BUFFERS, *_FLOAT_BUFFERS, "e_score_correction_bias"):
-            buffer = module._optional_buffer(name)
-            if buffer is not None and buffer.requires_grad:
-                module.register_buffer(name, buffer.detach())
-        for name in ("gate_weight", "e_score_correction_bias"):
-            tensor = getattr(module, name)
-            if tensor is not None and tensor.dtype != torch.float32:
-                tensor.data = tensor.detach().float()
