@@ -33,7 +33,7 @@ from bench_gpu import MODELS, copy_bandwidth, int4_layer, route
 import backends.triton._configs as configs
 import backends.triton._fused as fused
 from backends.triton._fused import _dequant_scratch, fused_moe
-from backends.triton._launch import dequantize_experts
+from backends.triton._launch_dequant import dequantize_experts
 
 Variant = tuple[int, int, int, bool]  # rows, columns, warps, int32 words
 BEFORE: Variant = (64, 128, 4, False)

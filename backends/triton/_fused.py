@@ -38,7 +38,6 @@ from backends.triton._configs import choose_tiles
 from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
-    dequantize_experts,
     int4_words_fit,
     is_interpreting,
     launch_activate,
@@ -48,6 +47,7 @@ from backends.triton._launch import (
     permuted_width,
     reduce_topk,
 )
+from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._launch_gemv import launch_gemv
 from backends.triton._tiles import GemvTiles, MoETiles
 from core.config import MoEConfig

@@ -1,8 +1,8 @@
 """Typed host wrappers of the Triton kernels: one function per kernel launch.
 
-The grouped GEMMs, the activation of split partials, the top-k sum and the
-dequantization here, the decode GEMVs in ``_launch_gemv.py``; and what both ask of the
-device and the weights. May import core; triton only inside functions. ``_fused.py``
+The grouped GEMMs, the activation of split partials and the top-k sum here, the
+decode GEMVs in ``_launch_gemv.py``, the prefill's dequantization in
+``_launch_dequant.py``; and what they ask of the device and the weights. May import core; triton only inside functions. ``_fused.py``
 composes these into the layer. Shape legend: ``T`` tokens, ``D`` hidden, ``F``
 intermediate, ``E`` experts, ``K`` top_k, ``N`` = T*K routed pairs, ``S`` K-splits of
 the w2 GEMM.
@@ -18,9 +18,6 @@ import torch
 
 from backends.triton._align import BlockAlignment
 from backends.triton._configs import (
-    DEQUANT_BLOCK_K,
-    DEQUANT_BLOCK_R,
-    DEQUANT_WARPS,
     ceil_div,
     next_pow2,
 )
@@ -29,11 +26,8 @@ from core.config import MoEConfig
 from core.routing import Routing
 
 ACTIVATION_CODE: Final[Mapping[str, int]] = {
-    "silu": 0,
-    "gelu": 1,
-    "gelu_tanh": 2,
-    "swigluoai": 3,
-}
+    "silu": 0, "gelu": 1, "gelu_tanh": 2, "swigluoai": 3,
+}  # fmt: skip
 """The kernels' ``ACT`` code of each ``MoEConfig.activation`` (``_kernels._activate``)."""
 
 
@@ -269,31 +263,41 @@ def launch_gemm(
         "BLOCK_N": tiles.block_n, "HAS_BIAS": b.bias is not None,
         "num_warps": tiles.num_warps,
     }  # fmt: skip
-    if wgmma:
-        from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
-
+    if wgmma or mma:
         pdl = pdl and pdl_target(a_MK)
-        _moe_gemm_wgmma_kernel[grid](
-            *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
-            PDL=pdl, ASYNC=WGMMA_ASYNC, **pdl_launch_options(on=pdl),
-        )  # fmt: skip
-        return
-    if mma:
-        from backends.triton._kernels_mma import _moe_gemm_mma_kernel
-
-        pdl = pdl and pdl_target(a_MK)
-        _moe_gemm_mma_kernel[grid](
-            *args, **meta, POST_SCALE=group >= tiles.block_k, WARPS=tiles.num_warps,
-            STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
-            X_SHARED=tiles.x_shared and _whole_copies(a_MK, k), PDL=pdl,
-            **pdl_launch_options(on=pdl),
-        )  # fmt: skip
+        gluon = {"POST_SCALE": group >= tiles.block_k, "WARPS": tiles.num_warps}
+        gluon |= {"PDL": pdl, **pdl_launch_options(on=pdl)}
+        _launch_gluon(grid, args, meta | gluon, tiles, a_MK, k, wgmma=wgmma)
         return
     _moe_gemm_kernel[grid](
         *args, **meta, INT4=b.is_int4, BLOCK_K=tiles.block_k, SWAP_AB=tiles.swap_ab,
         KPERM=tiles.nibble_halves and b.is_int4, PERM_OUT=perm_out,
         GROUP_M=tiles.group_m, WORDS=words, ASM=words and ptx_target(a_MK),
         num_stages=tiles.num_stages,
+    )  # fmt: skip
+
+
+def _launch_gluon(
+    grid: tuple[int, int, int],
+    args: tuple[object, ...],
+    meta: dict[str, object],
+    tiles: GemmTiles,
+    a_MK: torch.Tensor,
+    k: int,
+    *,
+    wgmma: bool,
+) -> None:
+    """Launch ``launch_gemm``'s arguments on a Gluon kernel: warpgroup MMA or mma.sync."""
+    if wgmma:
+        from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
+
+        _moe_gemm_wgmma_kernel[grid](*args, **meta, ASYNC=WGMMA_ASYNC)
+        return
+    from backends.triton._kernels_mma import _moe_gemm_mma_kernel
+
+    _moe_gemm_mma_kernel[grid](
+        *args, **meta, STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps,
+        K32=k % 32 == 0, X_SHARED=tiles.x_shared and _whole_copies(a_MK, k),
     )  # fmt: skip
 
 
@@ -492,73 +496,4 @@ def launch_activate(
         BLOCK_F=block_f,
         PDL=pdl,
         **pdl_launch_options(on=pdl),
-    )
-
-
-def dequantize_experts(
-    b: ExpertMatrix,
-    lo: int,
-    hi: int,
-    out: torch.Tensor,
-    *,
-    block_r: int | None = None,
-    block_k: int | None = None,
-    num_warps: int | None = None,
-    words: bool = False,
-) -> None:
-    """Write experts ``lo .. hi-1`` of int4 ``b`` into ``out`` ``(hi-lo, rows, cols)``.
-
-    Tiles of ``block_r`` rows by ``block_k`` columns (powers of two; defaults
-    ``DEQUANT_BLOCK_R``, ``DEQUANT_BLOCK_K``, ``DEQUANT_WARPS``), in the interpreter
-    16 x 64; a tile spans several scale groups or lies in one. ``words=True`` reads
-    whole int32 words, dequantized by inline PTX on a CUDA GPU where the scales have
-    the output's 16-bit dtype, else in float32 as the byte form does; by default the
-    byte form runs (on an H100 the word form tied it or lost, ``_configs.py``).
-    """
-    import triton.language as tl
-
-    from backends.triton._kernels_dequant import _dequant_kernel
-
-    assert b.scale is not None
-    rows, cols = int(b.data.shape[1]), 2 * int(b.data.shape[2])
-    group = b.group_size
-    small = is_interpreting()
-    block_r = block_r or (16 if small else DEQUANT_BLOCK_R)
-    block_k = min(block_k or (64 if small else DEQUANT_BLOCK_K), next_pow2(cols))
-    sub = block_k if group == cols else min(group, block_k)
-    zero = b.zero_point if b.zero_point is not None else b.scale
-    if words and not b.words_fit:
-        msg = (
-            "words=True needs int4 data readable as aligned int32 words "
-            "(ExpertMatrix.words_fit)"
-        )
-        raise ValueError(msg)
-    asm = (  # the word form's inline PTX: 16-bit output, scales of its dtype
-        words
-        and ptx_target(out)
-        and out.dtype in (torch.bfloat16, torch.float16)
-        and b.scale.dtype == out.dtype
-    )
-    col_tiles = ceil_div(cols, block_k)
-    grid = (ceil_div((hi - lo) * rows, block_r) * col_tiles,)
-    _dequant_kernel[grid](  # rows of experts lo..hi-1 flattened (contiguous views)
-        b.data[lo:hi].contiguous(),
-        b.scale[lo:hi].contiguous(),
-        zero[lo:hi].contiguous(),
-        out,
-        (hi - lo) * rows,
-        cols,
-        b.data.shape[2],
-        b.scale.shape[2],
-        out.stride(1),
-        col_tiles,
-        GROUP=group,
-        SUB=sub,
-        HAS_ZP=b.zero_point is not None,
-        BLOCK_R=block_r,
-        BLOCK_K=block_k,
-        WORDS=words,
-        ASM=asm,
-        CT=_operand_dtype(out.dtype) if asm else tl.float32,
-        num_warps=num_warps or DEQUANT_WARPS,
     )

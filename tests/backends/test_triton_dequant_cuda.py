@@ -10,7 +10,7 @@ import torch
 import backends.triton._configs as configs
 from backends.triton import TritonW4A16Backend
 from backends.triton._fused import Path, fused_moe, use_dequant
-from backends.triton._launch import dequantize_experts
+from backends.triton._launch_dequant import dequantize_experts
 from core.config import Activation, MoEConfig
 from core.quantize import dequantize_expert
 from core.scheme import Int4Scheme

@@ -24,7 +24,8 @@ from backends.triton import (
     TritonW4A16Prepared,
 )
 from backends.triton._fused import Path, _dequant_scratch, fused_moe
-from backends.triton._launch import ExpertMatrix, dequantize_experts, ptx_target
+from backends.triton._launch import ExpertMatrix, ptx_target
+from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._tiles import GemmTiles, MoETiles
 from core.config import MoEConfig
 from core.errors import DTypeError
