@@ -13,10 +13,11 @@ from torch import nn
 
 from core.errors import BackendUnavailableError, ConfigError
 from core.quantize import dequantize_expert
+from core.weights import QuantizedExpertWeights
 from modules.int4_moe import Int4MoE
 
 if TYPE_CHECKING:
-    from modules.hf import Int4SparseMoeBlock
+    from modules.hf_block import Int4SparseMoeBlock
 
 
 def param(module: nn.Module, name: str) -> torch.Tensor:
@@ -159,34 +160,17 @@ def verify_experts(
     # 16-bit backend's roundings would hide a small difference in an fp32 model).
     chosen = new.experts.backend
     new.experts.backend = "reference"
-    gen = torch.Generator().manual_seed(1)
-    d = new.experts.config.hidden_size
     modes = {m: m.training for m in (*original.modules(), *new.modules())}
-    results = []
     try:
         with torch.no_grad():
-            for e in range(int(int4.w13_qdata.shape[0])):
-                w13, w2 = dequantize_expert(int4, e)  # float32 (2F, D), (D, F)
-                if model_type == "gpt_oss":  # (D, 2F) gate/up interleaved, (F, D)
-                    w13 = torch.stack(w13.t().chunk(2, dim=-1), dim=-1).flatten(-2)
-                    w2 = w2.t()
-                if gate_up[e].shape != w13.shape or down[e].shape != w2.shape:
-                    raise ConfigError(
-                        f"MoE block {name!r} must hold experts of the layout its int4 "
-                        f"experts come from, got gate_up_proj {tuple(gate_up.shape)} "
-                        f"and down_proj {tuple(down.shape)} against {tuple(w13.shape)} "
-                        f"and {tuple(w2.shape)} an expert"
-                    )
-                gate_up[e].copy_(w13)
-                down[e].copy_(w2)
+            _write_dequantized_into(
+                gate_up, down, int4, name=name, model_type=model_type
+            )
             original.eval()
             new.eval()
-            for scale in _EXPERT_PROBE_SCALES:
-                x = torch.randn(1, _PROBE_TOKENS, d, generator=gen) * scale
-                x = x.to(weight.device, gate_up.dtype)
-                want = _run(name, "its forward", original, x)
-                got = _run(name, "the int4 block's forward", new, x)
-                results.append((scale, want, got))
+            results = _run_expert_probes(
+                name, original, new, device=weight.device, dtype=gate_up.dtype
+            )
     finally:
         new.experts.backend = chosen
         with torch.no_grad():
@@ -195,6 +179,72 @@ def verify_experts(
         for module, mode in modes.items():
             module.training = mode
     tolerance = _PROBE_TOLERANCE.get(gate_up.dtype, 2e-2)
+    _check_expert_probes(name, new, experts, results, tolerance=tolerance)
+
+
+def _write_dequantized_into(
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    int4: QuantizedExpertWeights,
+    *,
+    name: str,
+    model_type: str,
+) -> None:
+    """Each dequantized int4 expert into the block's ``gate_up`` / ``down``, in place.
+
+    Raises:
+        ConfigError: naming the block, for experts of another layout than the int4.
+    """
+    for e in range(int(int4.w13_qdata.shape[0])):
+        w13, w2 = dequantize_expert(int4, e)  # float32 (2F, D), (D, F)
+        if model_type == "gpt_oss":  # (D, 2F) gate/up interleaved, (F, D)
+            w13 = torch.stack(w13.t().chunk(2, dim=-1), dim=-1).flatten(-2)
+            w2 = w2.t()
+        if gate_up[e].shape != w13.shape or down[e].shape != w2.shape:
+            raise ConfigError(
+                f"MoE block {name!r} must hold experts of the layout its int4 "
+                f"experts come from, got gate_up_proj {tuple(gate_up.shape)} "
+                f"and down_proj {tuple(down.shape)} against {tuple(w13.shape)} "
+                f"and {tuple(w2.shape)} an expert"
+            )
+        gate_up[e].copy_(w13)
+        down[e].copy_(w2)
+
+
+def _run_expert_probes(
+    name: str,
+    original: nn.Module,
+    new: "Int4SparseMoeBlock",
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> list[tuple[float, object, object]]:
+    """``(scale, want, got)``: both blocks on the same random tokens, at each scale."""
+    gen = torch.Generator().manual_seed(1)
+    d = new.experts.config.hidden_size
+    results: list[tuple[float, object, object]] = []
+    for scale in _EXPERT_PROBE_SCALES:
+        x = torch.randn(1, _PROBE_TOKENS, d, generator=gen) * scale
+        x = x.to(device, dtype)
+        want = _run(name, "its forward", original, x)
+        got = _run(name, "the int4 block's forward", new, x)
+        results.append((scale, want, got))
+    return results
+
+
+def _check_expert_probes(
+    name: str,
+    new: "Int4SparseMoeBlock",
+    experts: nn.Module,
+    results: list[tuple[float, object, object]],
+    *,
+    tolerance: float,
+) -> None:
+    """Each probe's ``(scale, want, got)`` within ``tolerance`` (relative L2).
+
+    Raises:
+        ConfigError: naming the block, its experts' class and the difference.
+    """
     for scale, want, got in results:
         diff = _relative_difference(want, got)
         if not diff <= tolerance:

@@ -15,7 +15,7 @@ from transformers import HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM
 
 from core.errors import ConfigError
 from modules.hf import find_moe_blocks, replace_moe_blocks
-from tests.modules.test_hf import COMMON, HEAD_DIM, _assert_left_alone, _build
+from tests.modules.hf_models import COMMON, HEAD_DIM, _assert_left_alone, _build
 
 
 def test_a_shared_expert_under_another_name_is_refused() -> None:
