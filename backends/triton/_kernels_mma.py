@@ -45,15 +45,21 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from backends.triton._kernels import _activate, _grid_dependency
+from backends.triton._kernels_mma_setup import (
+    _first_step,
+    _next_step,
+    _output_rows,
+    _program_ids,
+    _token_rows,
+    _weight_operands,
+)
 from backends.triton._kernels_mma_steps import (
     _acc_layout,
     _copy_step,
     _input_copy_layout,
     _input_layout,
-    _load_words,
     _mma_step,
     _mma_step_shared,
-    _row_scales,
     _to_logical_b,
     _words_layout,
 )
@@ -127,195 +133,222 @@ def _moe_gemm_mma_kernel(
     W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
     X_LAYOUT: gl.constexpr = _input_layout(BLOCK_M, WARPS, 128)
     ACC_LAYOUT: gl.constexpr = _acc_layout(WARPS)
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
-    B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC_LAYOUT, 2)
-    pid = gl.program_id(0)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    blocks = gl.num_programs(0) // tiles_n
-    pid_b = pid % blocks
-    pid_n = pid // blocks
-    pid_s = gl.program_id(2)
+    pid_b, pid_n, pid_s = _program_ids(N, BLOCK_N)
     e = gl.load(block_expert_ptr + pid_b)
     if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk
         return
     n_rows = gl.load(block_rows_ptr + pid_b)
-    w_e = b_ptr.to(gl.pointer_type(gl.int32)) + (e - expert_lo).to(gl.int64) * (
-        stride_be // 4
+    w_e, s_e, z_e, stride_wn, rows, row_mask, kw = _weight_operands(
+        b_ptr, scale_ptr, zero_ptr, e, expert_lo, pid_n, N, stride_be, stride_bn,
+        stride_se, BLOCK_N, W_LAYOUT,
+    )  # fmt: skip
+    x_rows, x_mask_m, offs_kx = _token_rows(
+        sorted_ptr + pid_b * BLOCK_M, n_rows, stride_am, A_DIV, BLOCK_M, X_LAYOUT
     )
-    s_e = scale_ptr + e.to(gl.int64) * stride_se
-    z_e = zero_ptr + e.to(gl.int64) * stride_se
-    stride_wn = stride_bn // 4
-
-    # weight rows and word columns, in the words layout
-    W_ROWS: gl.constexpr = gl.SliceLayout(1, W_LAYOUT)
-    W_COLS: gl.constexpr = gl.SliceLayout(0, W_LAYOUT)
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=W_ROWS)
-    rows = gl.expand_dims(offs_n.to(gl.int64), 1)
-    row_mask = gl.expand_dims(offs_n < N, 1)
-    kw = gl.expand_dims(gl.arange(0, 16, layout=W_COLS), 0)
-
-    # input rows and columns, in the activation layout
-    X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LAYOUT)
-    X_COLS: gl.constexpr = gl.SliceLayout(0, X_LAYOUT)
-    offs_mx = gl.arange(0, BLOCK_M, layout=X_ROWS)
-    pairs_x = gl.load(
-        sorted_ptr + pid_b * BLOCK_M + offs_mx, mask=offs_mx < n_rows, other=0
-    )
-    x_rows = gl.expand_dims((pairs_x // A_DIV).to(gl.int64) * stride_am, 1)
-    x_mask_m = gl.expand_dims(offs_mx < n_rows, 1)
-    offs_kx = gl.expand_dims(gl.arange(0, 128, layout=X_COLS), 0)
-
-    # accumulator rows (the epilogue's too)
-    C_ROWS: gl.constexpr = gl.SliceLayout(1, ACC_LAYOUT)
-    C_COLS: gl.constexpr = gl.SliceLayout(0, ACC_LAYOUT)
-    offs_nc = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=C_ROWS)
-    n_mask = offs_nc < N
-    rows_c = offs_nc.to(gl.int64)
-
+    offs_nc, n_mask, rows_c = _output_rows(pid_n, N, BLOCK_N, ACC_LAYOUT)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
-    acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    acc_up = acc
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
-    # Each step loads the next step's scales and input (and, without a ring, its
-    # words) before its own math; with a ring the words of STAGES - 1 copy groups of
-    # COPY_STEPS steps ahead are in flight by cp.async.
-    RING: gl.constexpr = STAGES > 1
-    # k_end // 8; with K32 its divisibility by 4 is visible: 16-byte word loads
-    w_end = k_end // 32 * 4 if K32 else k_end // 8
-    X_SUB: gl.constexpr = _input_layout(BLOCK_M, WARPS, 32)
-    x_base = None
-    x_cmask = None
-    x_col = None
+    w_end = k_end // 32 * 4 if K32 else k_end // 8  # K32: 16-byte word loads
+    w = (
+        w_e, s_e, z_e, rows, row_mask, kw, rows_c, n_mask, k_end, w_end, stride_wn,
+    )  # fmt: skip
+    copies = (None, None, None)  # X_SHARED: the activation's copies into the ring
     if X_SHARED:
-        x_base, x_cmask, x_col = _input_copies(
-            a_ptr,
-            sorted_ptr + pid_b * BLOCK_M,
-            n_rows,
-            stride_am,
-            A_DIV,
-            BLOCK_M,
+        copies = _input_copies(
+            a_ptr, sorted_ptr + pid_b * BLOCK_M, n_rows, stride_am, A_DIV, BLOCK_M,
             WARPS,
-        )
-    if RING:
+        )  # fmt: skip
+    rings = _ring_prologue(
+        w, copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS, X_SHARED,
+        a_ptr.dtype.element_ty,
+    )  # fmt: skip
+    x = _first_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end, X_SHARED)
+    cur = _first_step(
+        w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, STAGES > 1
+    )
+    it = 0
+    for k0 in range(k_start, k_end, 128):
+        if not X_SHARED:
+            x_next = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0 + 128, k_end)
+        acc, acc_up, cur = _loop_step(
+            acc, acc_up, cur, x, rings, w, copies, it, k0 + 128, k_start, N,
+            stride_sn, GROUP, HAS_ZP, CT, BLOCK_N, BLOCK_M, WARPS, W_LAYOUT,
+            ACC_LAYOUT, POST_SCALE, GATED, STAGES, COPY_STEPS, X_SHARED,
+        )  # fmt: skip
+        it += 1  # noqa: SIM113 (a Triton range has no enumerate)
+        if not X_SHARED:
+            x = x_next
+    _store_tile(
+        acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
+        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        stride_bias, BLOCK_M, gl.SliceLayout(0, ACC_LAYOUT), GATED, ACT, WEIGHT_ROWS,
+        HAS_BIAS, PDL,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _first_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end, X_SHARED: gl.constexpr):
+    """The first step's activation in registers (``offs_kx``, unused, with ``X_SHARED``)."""
+    x = offs_kx
+    if not X_SHARED:
+        x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end)
+    return x
+
+
+@gluon.jit
+def _loop_step(
+    acc, acc_up, cur, x, rings, w, copies, it, nk, k_start, N, stride_sn,
+    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, CT: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, WARPS: gl.constexpr,
+    W_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+    GATED: gl.constexpr, STAGES: gl.constexpr, COPY_STEPS: gl.constexpr,
+    X_SHARED: gl.constexpr,
+):  # fmt: skip
+    """Step ``it``: the next step's loads at ``nk``, this step's ring words, its MMAs.
+
+    Returns ``acc``, ``acc_up`` and the next step's ``_first_step``-like tuple.
+
+    Each step loads the next step's scales and input (and, without a ring, its
+    words) before its own math; with a ring the words of ``STAGES - 1`` copy groups
+    of ``COPY_STEPS`` steps ahead are in flight by cp.async.
+    """
+    wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = cur
+    nxt = _next_step(
+        w, nk, N, stride_sn, sc, sc_up, GROUP, HAS_ZP, CT, POST_SCALE, GATED,
+        STAGES > 1,
+    )  # fmt: skip
+    xs = x
+    if STAGES > 1:
+        wd, wd_up, xs = _ring_step(
+            rings, w, copies, it, x, k_start, N, W_LAYOUT, GATED, STAGES, COPY_STEPS,
+            X_SHARED,
+        )  # fmt: skip
+    acc, acc_up = _mma_pair(
+        acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs, CT, BLOCK_N,
+        BLOCK_M, WARPS, ACC_LAYOUT, POST_SCALE, GATED, X_SHARED,
+    )  # fmt: skip
+    return acc, acc_up, nxt
+
+
+@gluon.jit
+def _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end):
+    """The activation's step at ``k0`` in real K order (zero past ``k_end``)."""
+    cols = k0 + offs_kx
+    return gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
+
+
+@gluon.jit
+def _ring_prologue(
+    w, copies, k_start, N,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, GATED: gl.constexpr,
+    STAGES: gl.constexpr, COPY_STEPS: gl.constexpr, X_SHARED: gl.constexpr,
+    XT: gl.constexpr,
+):  # fmt: skip
+    """``(ring, ring_up, x_ring)``, the first ``STAGES - 1`` copy groups in flight.
+
+    Without a ring (``STAGES`` 1) nothing is allocated: ``None`` three times.
+    """
+    ring = None
+    ring_up = None
+    x_ring = None
+    if STAGES > 1:
+        w_e, _, _, rows, row_mask, kw, _, _, k_end, w_end, stride_wn = w
+        x_base, x_cmask, x_col = copies
         SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         SLOTS: gl.constexpr = STAGES * COPY_STEPS
         ring = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
         ring_up = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
         x_ring = ring  # unused without X_SHARED
         if X_SHARED:
-            x_ring = gl.allocate_shared_memory(
-                a_ptr.dtype.element_ty, [SLOTS, 4 * BLOCK_M, 32], SMEM
-            )
+            x_ring = gl.allocate_shared_memory(XT, [SLOTS, 4 * BLOCK_M, 32], SMEM)
         for i in gl.static_range(STAGES - 1):
             _copy_step(
                 ring, ring_up, x_ring, i, w_e, rows, row_mask, kw, k_start, w_end,
                 stride_wn, N, x_base, x_cmask, x_col, k_end, GATED, STAGES, COPY_STEPS,
                 X_SHARED,
             )  # fmt: skip
-    it = 0
-    cols = k_start + offs_kx
-    x = offs_kx  # unused with X_SHARED
-    if not X_SHARED:
-        x = gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
-    wd, s_b, bias = _load_words(
-        w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, w_end, stride_wn, stride_sn,
-        GROUP, HAS_ZP, CT, POST_SCALE, RING,
-    )  # fmt: skip
-    sc = _row_scales(s_e, rows_c, n_mask, k_start, k_end, stride_sn, GROUP)
-    wd_up, s_up, bias_up = _load_words(
-        w_e, s_e, z_e, rows + N, row_mask & GATED, kw, k_start, k_end, w_end, stride_wn,
-        stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING,
-    )  # fmt: skip
-    sc_up = _row_scales(
-        s_e, rows_c + N, n_mask & GATED, k_start, k_end, stride_sn, GROUP
-    )
-    for k0 in range(k_start, k_end, 128):
-        nk = k0 + 128
-        cols = nk + offs_kx
-        if not X_SHARED:
-            x_next = gl.load(
-                a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0
-            )
-        wd_next, s_next, bias_next = _load_words(
-            w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, w_end, stride_wn, stride_sn,
-            GROUP, HAS_ZP, CT, POST_SCALE, RING,
-        )  # fmt: skip
-        if POST_SCALE:
-            sc_next = _row_scales(s_e, rows_c, n_mask, nk, k_end, stride_sn, GROUP)
-        if GATED:
-            wd_up_next, s_up_next, bias_up_next = _load_words(
-                w_e, s_e, z_e, rows + N, row_mask, kw, nk, k_end, w_end, stride_wn,
-                stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING,
-            )  # fmt: skip
-            if POST_SCALE:
-                sc_up_next = _row_scales(
-                    s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
-                )
-        if RING:
-            # at a group's first step: copy the next group in, wait for this one
-            # (the condition inline: as a variable it costs an instruction at 1)
-            if COPY_STEPS == 1 or it % COPY_STEPS == 0:
-                if X_SHARED:
-                    # every thread reads every thread's activation copies: wait for
-                    # this group, then a barrier, and only then overwrite the slots
-                    # the last group was read from
-                    async_copy.wait_group(STAGES - 2)
-                    _cta_barrier()
-                _copy_step(
-                    ring, ring_up, x_ring, it // COPY_STEPS + STAGES - 1, w_e, rows,
-                    row_mask, kw, k_start, w_end, stride_wn, N, x_base, x_cmask, x_col,
-                    k_end, GATED, STAGES, COPY_STEPS, X_SHARED,
-                )  # fmt: skip
-                if not X_SHARED:
-                    async_copy.wait_group(STAGES - 1)
-            slot = it // COPY_STEPS % STAGES * COPY_STEPS + it % COPY_STEPS
-            wd = ring.index(slot).load(W_LAYOUT)
-            if GATED:
-                wd_up = ring_up.index(slot).load(W_LAYOUT)
-        it += 1  # noqa: SIM113 (a Triton range has no enumerate)
-        if X_SHARED:
-            xs = x_ring.index(slot)
-            acc = _mma_step_shared(
-                acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, B_LAYOUT,
-                ACC_LAYOUT, X_SUB, POST_SCALE,
-            )  # fmt: skip
-        else:
-            b = gl.convert_layout(_to_logical_b(x.to(CT), BLOCK_M), B_LAYOUT)
-            acc = _mma_step(
-                acc, wd, s_b, bias, b, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
-                POST_SCALE,
-            )  # fmt: skip
-        if POST_SCALE:
-            sc = sc_next
-        if GATED:
-            if X_SHARED:
-                acc_up = _mma_step_shared(
-                    acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
-                    A_LAYOUT, B_LAYOUT, ACC_LAYOUT, X_SUB, POST_SCALE,
-                )  # fmt: skip
-            else:
-                acc_up = _mma_step(
-                    acc_up, wd_up, s_up, bias_up, b, sc_up, CT, BLOCK_N, BLOCK_M,
-                    A_LAYOUT, ACC_LAYOUT, POST_SCALE,
-                )  # fmt: skip
-            if POST_SCALE:
-                sc_up = sc_up_next
-            wd_up = wd_up_next
-            s_up = s_up_next
-            bias_up = bias_up_next
-        if not X_SHARED:
-            x = x_next
-        wd = wd_next
-        s_b = s_next
-        bias = bias_next
+    return ring, ring_up, x_ring
 
-    if PDL:
-        _grid_dependency(WAIT=False, NEXT=True)
-    _store_tile(
-        acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
-        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,
-        stride_bias, BLOCK_M, C_COLS, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
-    )  # fmt: skip
+
+@gluon.jit
+def _ring_step(
+    rings, w, copies, it, x, k_start, N,
+    W_LAYOUT: gl.constexpr, GATED: gl.constexpr, STAGES: gl.constexpr,
+    COPY_STEPS: gl.constexpr, X_SHARED: gl.constexpr,
+):  # fmt: skip
+    """Step ``it``'s words from the ring (and with ``X_SHARED`` its activation slot).
+
+    At a copy group's first step: copy the next group in, wait for this one. With
+    ``X_SHARED`` every thread reads every thread's activation copies: wait for this
+    group, then a barrier, and only then overwrite the slots the last group was read
+    from. ``(wd, wd_up, xs)``: ``xs`` the activation's slot, or ``x`` without
+    ``X_SHARED``.
+    """
+    ring, ring_up, x_ring = rings
+    w_e, _, _, rows, row_mask, kw, _, _, k_end, w_end, stride_wn = w
+    x_base, x_cmask, x_col = copies
+    # the condition inline: as a variable it costs an instruction at 1
+    if COPY_STEPS == 1 or it % COPY_STEPS == 0:
+        if X_SHARED:
+            async_copy.wait_group(STAGES - 2)
+            _cta_barrier()
+        _copy_step(
+            ring, ring_up, x_ring, it // COPY_STEPS + STAGES - 1, w_e, rows, row_mask,
+            kw, k_start, w_end, stride_wn, N, x_base, x_cmask, x_col, k_end, GATED,
+            STAGES, COPY_STEPS, X_SHARED,
+        )  # fmt: skip
+        if not X_SHARED:
+            async_copy.wait_group(STAGES - 1)
+    slot = it // COPY_STEPS % STAGES * COPY_STEPS + it % COPY_STEPS
+    wd = ring.index(slot).load(W_LAYOUT)
+    wd_up = wd
+    if GATED:
+        wd_up = ring_up.index(slot).load(W_LAYOUT)
+    xs = x
+    if X_SHARED:
+        xs = x_ring.index(slot)
+    return wd, wd_up, xs
+
+
+@gluon.jit
+def _mma_pair(
+    acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    WARPS: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+    GATED: gl.constexpr, X_SHARED: gl.constexpr,
+):  # fmt: skip
+    """One step's MMAs, the gate (or only) rows then the up rows.
+
+    ``xs``: the step's activation slot of the ring with ``X_SHARED``, else the
+    activation itself (registers, real K order).
+    """
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
+    B_LAYOUT: gl.constexpr = gl.DotOperandLayout(1, ACC_LAYOUT, 2)
+    X_SUB: gl.constexpr = _input_layout(BLOCK_M, WARPS, 32)
+    if X_SHARED:
+        acc = _mma_step_shared(
+            acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, B_LAYOUT,
+            ACC_LAYOUT, X_SUB, POST_SCALE,
+        )  # fmt: skip
+        if GATED:
+            acc_up = _mma_step_shared(
+                acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
+                A_LAYOUT, B_LAYOUT, ACC_LAYOUT, X_SUB, POST_SCALE,
+            )  # fmt: skip
+    else:
+        b = gl.convert_layout(_to_logical_b(xs.to(CT), BLOCK_M), B_LAYOUT)
+        acc = _mma_step(
+            acc, wd, s_b, bias, b, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+            POST_SCALE,
+        )  # fmt: skip
+        if GATED:
+            acc_up = _mma_step(
+                acc_up, wd_up, s_up, bias_up, b, sc_up, CT, BLOCK_N, BLOCK_M,
+                A_LAYOUT, ACC_LAYOUT, POST_SCALE,
+            )  # fmt: skip
+    return acc, acc_up
 
 
 @gluon.jit
@@ -349,12 +382,16 @@ def _store_tile(
     offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm, stride_bias,
     BLOCK_M: gl.constexpr, C_COLS: gl.constexpr, GATED: gl.constexpr,
     ACT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, HAS_BIAS: gl.constexpr,
+    PDL: gl.constexpr,
 ):  # fmt: skip
     """The epilogue of expert ``e``, K split ``pid_s``, in the accumulator's layout.
 
-    On ``acc[n, m]``: router weights of the input rows, the bias (the first K split
-    only), the activation, and the store at each pair's row.
+    With ``PDL`` first lets the next kernel launch. On ``acc[n, m]``: router weights
+    of the input rows, the bias (the first K split only), the activation, and the
+    store at each pair's row.
     """
+    if PDL:
+        _grid_dependency(WAIT=False, NEXT=True)
     offs_mc = gl.arange(0, BLOCK_M, layout=C_COLS)
     m_mask = offs_mc < n_rows
     pairs = gl.load(block_pairs_ptr + offs_mc, mask=m_mask, other=0)

@@ -32,10 +32,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_mma import _store_tile
+from backends.triton._kernels_mma_setup import (
+    _first_step,
+    _next_step,
+    _output_rows,
+    _program_ids,
+    _token_rows,
+    _weight_operands,
+)
 from backends.triton._kernels_mma_steps import (
     _dequant,
-    _load_words,
-    _row_scales,
     _words_layout,
 )
 
@@ -189,133 +195,101 @@ def _moe_gemm_wgmma_kernel(
     ACC_LAYOUT: gl.constexpr = _wgmma_layout(BLOCK_M, WARPS)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
     X_LAYOUT: gl.constexpr = _x_load_layout(BLOCK_M, WARPS)
-    pid = gl.program_id(0)
-    tiles_n = gl.cdiv(N, BLOCK_N)
-    blocks = gl.num_programs(0) // tiles_n
-    pid_b = pid % blocks
-    pid_n = pid // blocks
-    pid_s = gl.program_id(2)
+    pid_b, pid_n, pid_s = _program_ids(N, BLOCK_N)
     e = gl.load(block_expert_ptr + pid_b)
     if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk
         return
     n_rows = gl.load(block_rows_ptr + pid_b)
-    w_e = b_ptr.to(gl.pointer_type(gl.int32)) + (e - expert_lo).to(gl.int64) * (
-        stride_be // 4
+    w_e, s_e, z_e, stride_wn, rows, row_mask, kw = _weight_operands(
+        b_ptr, scale_ptr, zero_ptr, e, expert_lo, pid_n, N, stride_be, stride_bn,
+        stride_se, BLOCK_N, W_LAYOUT,
+    )  # fmt: skip
+    x_rows, x_mask_m, offs_kx = _token_rows(
+        sorted_ptr + pid_b * BLOCK_M, n_rows, stride_am, A_DIV, BLOCK_M, X_LAYOUT
     )
-    s_e = scale_ptr + e.to(gl.int64) * stride_se
-    z_e = zero_ptr + e.to(gl.int64) * stride_se
-    stride_wn = stride_bn // 4
-
-    W_ROWS: gl.constexpr = gl.SliceLayout(1, W_LAYOUT)
-    W_COLS: gl.constexpr = gl.SliceLayout(0, W_LAYOUT)
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=W_ROWS)
-    rows = gl.expand_dims(offs_n.to(gl.int64), 1)
-    row_mask = gl.expand_dims(offs_n < N, 1)
-    kw = gl.expand_dims(gl.arange(0, 16, layout=W_COLS), 0)
-
-    X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LAYOUT)
-    X_COLS: gl.constexpr = gl.SliceLayout(0, X_LAYOUT)
-    offs_mx = gl.arange(0, BLOCK_M, layout=X_ROWS)
-    pairs_x = gl.load(
-        sorted_ptr + pid_b * BLOCK_M + offs_mx, mask=offs_mx < n_rows, other=0
-    )
-    x_rows = gl.expand_dims((pairs_x // A_DIV).to(gl.int64) * stride_am, 1)
-    x_mask_m = gl.expand_dims(offs_mx < n_rows, 1)
-    offs_kx = gl.expand_dims(gl.arange(0, 128, layout=X_COLS), 0)
-
-    C_ROWS: gl.constexpr = gl.SliceLayout(1, ACC_LAYOUT)
-    C_COLS: gl.constexpr = gl.SliceLayout(0, ACC_LAYOUT)
-    offs_nc = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=C_ROWS)
-    n_mask = offs_nc < N
-    rows_c = offs_nc.to(gl.int64)
-
+    offs_nc, n_mask, rows_c = _output_rows(pid_n, N, BLOCK_N, ACC_LAYOUT)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
     acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
-    w_end = k_end // 8
-
-    SMEM: gl.constexpr = _x_shared_layout(BLOCK_M)
-    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], SMEM)
+    w = (
+        w_e, s_e, z_e, rows, row_mask, kw, rows_c, n_mask, k_end, k_end // 8,
+        stride_wn,
+    )  # fmt: skip
+    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_shared_layout(BLOCK_M))
     x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
-    slots.index(0).store(_to_logical_rows(x.to(CT), BLOCK_M))
-    fence_async_shared()
-    _cta_barrier()
-    wd, s_b, bias = _load_words(
-        w_e, s_e, z_e, rows, row_mask, kw, k_start, k_end, w_end, stride_wn, stride_sn,
-        GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
-    )  # fmt: skip
-    sc = _row_scales(s_e, rows_c, n_mask, k_start, k_end, stride_sn, GROUP)
-    wd_up, s_up, bias_up = _load_words(
-        w_e, s_e, z_e, rows + N, row_mask & GATED, kw, k_start, k_end, w_end,
-        stride_wn, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
-    )  # fmt: skip
-    sc_up = _row_scales(
-        s_e, rows_c + N, n_mask & GATED, k_start, k_end, stride_sn, GROUP
+    _store_slot(slots.index(0), x, CT, BLOCK_M)
+    wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = _first_step(
+        w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, RING=False
     )
     it = 0
     for k0 in range(k_start, k_end, 128):
-        nk = k0 + 128
-        x_next = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, nk, k_end)
-        wd_next, s_next, bias_next = _load_words(
-            w_e, s_e, z_e, rows, row_mask, kw, nk, k_end, w_end, stride_wn, stride_sn,
-            GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
+        x_next = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0 + 128, k_end)
+        nxt = _next_step(
+            w, k0 + 128, N, stride_sn, sc, sc_up, GROUP, HAS_ZP, CT, POST_SCALE,
+            GATED, RING=False,
         )  # fmt: skip
-        if POST_SCALE:
-            sc_next = _row_scales(s_e, rows_c, n_mask, nk, k_end, stride_sn, GROUP)
-        if GATED:
-            wd_up_next, s_up_next, bias_up_next = _load_words(
-                w_e, s_e, z_e, rows + N, row_mask, kw, nk, k_end, w_end, stride_wn,
-                stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, RING=False,
-            )  # fmt: skip
-            if POST_SCALE:
-                sc_up_next = _row_scales(
-                    s_e, rows_c + N, n_mask, nk, k_end, stride_sn, GROUP
-                )
-        xs = slots.index(it % 2)
-        if ASYNC and GATED:  # the gate's MMA runs while the up rows dequantize
-            tok, a = _wgmma_issue(
-                acc, wd, s_b, bias, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
-                POST_SCALE,
-            )  # fmt: skip
-            tok_up, a_up = _wgmma_issue(
-                acc_up, wd_up, s_up, bias_up, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
-                ACC_LAYOUT, POST_SCALE,
-            )  # fmt: skip
-            acc = _wgmma_retire(acc, tok, a, sc, 1, POST_SCALE)
-            acc_up = _wgmma_retire(acc_up, tok_up, a_up, sc_up, 0, POST_SCALE)
-        else:
-            acc = _wgmma_step(
-                acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
-                ACC_LAYOUT, POST_SCALE,
-            )  # fmt: skip
-            if GATED:
-                acc_up = _wgmma_step(
-                    acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
-                    A_LAYOUT, ACC_LAYOUT, POST_SCALE,
-                )  # fmt: skip
-        if GATED:
-            if POST_SCALE:
-                sc_up = sc_up_next
-            wd_up = wd_up_next
-            s_up = s_up_next
-            bias_up = bias_up_next
-        if POST_SCALE:
-            sc = sc_next
+        acc, acc_up = _wgmma_pair(
+            acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up,
+            slots.index(it % 2), CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+            POST_SCALE, GATED, ASYNC,
+        )  # fmt: skip
         # The other slot was last read by the step before this one, whose MMAs every
         # warp has waited for before the barrier that ended it.
-        slots.index((it + 1) % 2).store(_to_logical_rows(x_next.to(CT), BLOCK_M))
-        fence_async_shared()
-        _cta_barrier()
+        _store_slot(slots.index((it + 1) % 2), x_next, CT, BLOCK_M)
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
-        wd = wd_next
-        s_b = s_next
-        bias = bias_next
+        wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = nxt
 
-    if PDL:
-        _grid_dependency(WAIT=False, NEXT=True)
     _store_tile(
         acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
-        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,
-        stride_bias, BLOCK_M, C_COLS, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
+        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs,
+        stride_cm, stride_bias, BLOCK_M, gl.SliceLayout(0, ACC_LAYOUT), GATED, ACT,
+        WEIGHT_ROWS, HAS_BIAS, PDL,
     )  # fmt: skip
+
+
+@gluon.jit
+def _store_slot(slot, x, CT: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A step's activation into ``slot`` in logical K order, visible to the next MMA.
+
+    The fence orders the generic-proxy stores before the tensor cores' reads; the
+    barrier makes every warp's stores visible to the whole warpgroup's MMA.
+    """
+    slot.store(_to_logical_rows(x.to(CT), BLOCK_M))
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
+def _wgmma_pair(
+    acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs,
+    CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+    A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+    GATED: gl.constexpr, ASYNC: gl.constexpr,
+):  # fmt: skip
+    """One step's MMAs against slot ``xs``: the gate (or only) rows, and the up rows.
+
+    With ``ASYNC`` and ``GATED`` the gate rows' MMA runs while the up rows dequantize.
+    """
+    if ASYNC and GATED:
+        tok, a = _wgmma_issue(
+            acc, wd, s_b, bias, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+            POST_SCALE,
+        )  # fmt: skip
+        tok_up, a_up = _wgmma_issue(
+            acc_up, wd_up, s_up, bias_up, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+            ACC_LAYOUT, POST_SCALE,
+        )  # fmt: skip
+        acc = _wgmma_retire(acc, tok, a, sc, 1, POST_SCALE)
+        acc_up = _wgmma_retire(acc_up, tok_up, a_up, sc_up, 0, POST_SCALE)
+    else:
+        acc = _wgmma_step(
+            acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
+            POST_SCALE,
+        )  # fmt: skip
+        if GATED:
+            acc_up = _wgmma_step(
+                acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
+                A_LAYOUT, ACC_LAYOUT, POST_SCALE,
+            )  # fmt: skip
+    return acc, acc_up
