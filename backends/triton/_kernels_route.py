@@ -29,6 +29,44 @@ def _argmax_hit(values, offs):  # type: ignore[no-untyped-def]  # a Triton funct
 
 
 @triton.jit
+def _best_groups(  # type: ignore[no-untyped-def]  # a Triton function
+    choice,
+    offs_e,
+    group_size,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    TOP2_SUM: tl.constexpr,
+):
+    """``choice`` with the lanes outside each row's ``TOPK_GROUP`` best groups at -inf.
+
+    A group's score is its best lane (``TOP2_SUM``: the sum of its best two).
+    """
+    neg_inf = float("-inf")
+    gid = offs_e // group_size  # padded lanes fall past the last group
+    lane_score = tl.full([BLOCK_T, BLOCK_E], neg_inf, tl.float32)
+    for g in tl.static_range(GROUPS):
+        in_g = (gid == g)[None, :]
+        vals = tl.where(in_g, choice, neg_inf)
+        best = tl.max(vals, axis=1)
+        if TOP2_SUM:
+            second = tl.where(_argmax_hit(vals, offs_e), neg_inf, vals)
+            best = best + tl.max(second, axis=1)
+        # -FLT_MAX + -FLT_MAX is -inf: a real group stays above padded lanes.
+        best = tl.maximum(best, _LOWEST)
+        lane_score = tl.where(in_g, best[:, None], lane_score)
+    keep = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int1)
+    for _ in tl.static_range(TOPK_GROUP):
+        # The best group left: the one of the lowest lane with the best score.
+        lane = tl.argmax(lane_score, axis=1, tie_break_left=True)
+        chosen = gid[None, :] == (lane // group_size)[:, None]
+        keep = keep | chosen
+        lane_score = tl.where(chosen, neg_inf, lane_score)
+    return tl.where(keep, choice, neg_inf)
+
+
+@triton.jit
 def _route_topk_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     # pointers
     logits_ptr,
@@ -88,26 +126,9 @@ def _route_topk_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     choice = tl.maximum(choice, _LOWEST)
     choice = tl.where(e_mask[None, :], choice, neg_inf)
     if GROUPS > 0:
-        gid = offs_e // group_size  # padded lanes fall past the last group
-        lane_score = tl.full([BLOCK_T, BLOCK_E], neg_inf, tl.float32)
-        for g in tl.static_range(GROUPS):
-            in_g = (gid == g)[None, :]
-            vals = tl.where(in_g, choice, neg_inf)
-            best = tl.max(vals, axis=1)
-            if TOP2_SUM:
-                second = tl.where(_argmax_hit(vals, offs_e), neg_inf, vals)
-                best = best + tl.max(second, axis=1)
-            # -FLT_MAX + -FLT_MAX is -inf: a real group stays above padded lanes.
-            best = tl.maximum(best, _LOWEST)
-            lane_score = tl.where(in_g, best[:, None], lane_score)
-        keep = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int1)
-        for _ in tl.static_range(TOPK_GROUP):
-            # The best group left: the one of the lowest lane with the best score.
-            lane = tl.argmax(lane_score, axis=1, tie_break_left=True)
-            chosen = gid[None, :] == (lane // group_size)[:, None]
-            keep = keep | chosen
-            lane_score = tl.where(chosen, neg_inf, lane_score)
-        choice = tl.where(keep, choice, neg_inf)
+        choice = _best_groups(
+            choice, offs_e, group_size, BLOCK_T, BLOCK_E, GROUPS, TOPK_GROUP, TOP2_SUM
+        )
     offs_k = tl.arange(0, BLOCK_K)
     top_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
     top_i = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
