@@ -36,10 +36,14 @@ class ScaledMoE(Int4MoE):
     """A user's subclass: the named constructors keep its type."""
 
 
+CFG = MoEConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=512)
+
+
 def check() -> None:
-    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=512)
+    """The layer's calls, core's functions and the backends' (one function each)."""
     w13 = torch.randn(8, 1024, 256)
     w2 = torch.randn(8, 256, 512)
+    cfg = CFG
     moe = Int4MoE.from_float(
         w13_weight=w13, w2_weight=w2, config=cfg, scheme=INT4_SYM_G32
     )
@@ -57,6 +61,12 @@ def check() -> None:
     routing = route_topk(torch.randn(4, 8), cfg)
     assert_type(routing, Routing)
     assert_type(moe_forward_reference(x, q, routing, cfg), torch.Tensor)
+    check_backends(q)
+    check_layer(moe, q, w13, w2)
+
+
+def check_backends(q: QuantizedExpertWeights) -> None:
+    cfg = CFG
     backend = select_backend(
         cfg, INT4_SYM_G32, CANONICAL_LAYOUT, DeviceInfo.of("cpu"), dtype=torch.bfloat16
     )
@@ -72,6 +82,18 @@ def check() -> None:
         Support,
     )
     assert_type(available_backends(), tuple[str, ...])
+    reference = create_backend("reference")
+    assert isinstance(reference, MoEBackend)  # a runtime-checkable Protocol
+    prepared = reference.prepare(q, cfg, dtype=torch.float32)
+    assert_type(
+        check_prepared(prepared, ReferencePrepared, "reference"), ReferencePrepared
+    )
+
+
+def check_layer(
+    moe: Int4MoE, q: QuantizedExpertWeights, w13: torch.Tensor, w2: torch.Tensor
+) -> None:
+    cfg = CFG
     assert_type(moe.backend_name, str | None)
 
     assert_type(moe.w13_qdata, torch.Tensor)
@@ -103,12 +125,6 @@ def check() -> None:
             activation=activation,
         ),
         MoEConfig,
-    )
-    reference = create_backend("reference")
-    assert isinstance(reference, MoEBackend)  # a runtime-checkable Protocol
-    prepared = reference.prepare(q, cfg, dtype=torch.float32)
-    assert_type(
-        check_prepared(prepared, ReferencePrepared, "reference"), ReferencePrepared
     )
 
 
