@@ -136,59 +136,10 @@ def targets_markdown(rows: list[dict[str, object]]) -> list[str]:
     ]
     models = list(dict.fromkeys(str(r["model"]) for r in rows))
     for model in models:
-        limit = TARGET_FLOOR.get(model)
-        mults = [
-            (int(r["M"]), g / float(r["floor_ms"]))  # type: ignore[call-overload, arg-type]
-            for r in rows
-            if r["model"] == model and (g := _ms(r, "triton-w4a16_graph_ms"))
-        ]
-        if limit is None or not mults:
-            continue
-        met = [m for m, x in mults if x <= limit]
-        verdict = _verdict(len(met) == len(mults))
-        if met and len(met) < len(mults):
-            verdict = f"**missed**; met at M = {', '.join(map(str, met))}"
-        lines.append(
-            f"| triton-w4a16 graph replay <= {limit}x floor at M = "
-            f"{' / '.join(str(m) for m, _ in mults)} | {model} | "
-            f"{' / '.join(f'{x:.2f}x' for _, x in mults)} | {verdict} |"
-        )
-        reads = [
-            f"{v / float(r['floor_ms']):.2f}x"  # type: ignore[arg-type]
-            for r in rows
-            if r["model"] == model
-            and _ms(r, "triton-w4a16_graph_ms")
-            and (v := _ms(r, "bare-read_graph_ms"))
-        ]
-        if len(reads) == len(mults):
-            lines.append(
-                f"| (for scale: a bare read of the floor's bytes, replayed, at the "
-                f"same M) | {model} | {' / '.join(reads)} | - |"
-            )
-    for r in rows:
-        mine, anchor = _ms(r, "triton-w4a16_ms"), _ms(r, "grouped_mm-bf16_ms")
-        if r["M"] == 4096 and mine and anchor:
-            lines.append(
-                "| triton-w4a16 >= 0.8x grouped_mm bf16 throughput at M = 4096 | "
-                f"{r['model']} | {anchor / mine:.2f}x ({mine:.2f} vs {anchor:.2f} ms) "
-                f"| {_verdict(anchor / mine >= 0.8)} |"
-            )
+        lines += _decode_lines(rows, model)
+    lines += _prefill_lines(rows)
     for model in models:
-        ratios = [
-            (anchor / emu, int(r["M"]), tag)  # type: ignore[call-overload]
-            for r in rows
-            if r["model"] == model
-            for suffix, tag in (("_ms", ""), ("_graph_ms", " graph"))
-            if (emu := _ms(r, "triton-emulation" + suffix))
-            and (anchor := _ms(r, "grouped_mm-bf16" + suffix))
-        ]
-        if ratios:
-            worst, m, tag = min(ratios)
-            lines.append(
-                "| triton-emulation no slower than grouped_mm bf16 at every M, eager "
-                f"and graph | {model} | narrowest: {worst:.2f}x at M = {m}{tag} | "
-                f"{_verdict(worst >= 1.0)} |"
-            )
+        lines += _emulation_lines(rows, model)
     lines += [
         "",
         "Largest relative L2 error against the float32 reference (eager and graph):",
@@ -204,6 +155,74 @@ def targets_markdown(rows: list[dict[str, object]]) -> list[str]:
             lines.append(f"{key} {max(errs):.1e};")
     lines[-1] = lines[-1].rstrip(";") + "."
     return lines
+
+
+def _decode_lines(rows: list[dict[str, object]], model: str) -> list[str]:
+    """The decode target's line for ``model`` (and the bare read's, for scale)."""
+    limit = TARGET_FLOOR.get(model)
+    mults = [
+        (int(r["M"]), g / float(r["floor_ms"]))  # type: ignore[call-overload, arg-type]
+        for r in rows
+        if r["model"] == model and (g := _ms(r, "triton-w4a16_graph_ms"))
+    ]
+    if limit is None or not mults:
+        return []
+    met = [m for m, x in mults if x <= limit]
+    verdict = _verdict(len(met) == len(mults))
+    if met and len(met) < len(mults):
+        verdict = f"**missed**; met at M = {', '.join(map(str, met))}"
+    lines = [
+        f"| triton-w4a16 graph replay <= {limit}x floor at M = "
+        f"{' / '.join(str(m) for m, _ in mults)} | {model} | "
+        f"{' / '.join(f'{x:.2f}x' for _, x in mults)} | {verdict} |"
+    ]
+    reads = [
+        f"{v / float(r['floor_ms']):.2f}x"  # type: ignore[arg-type]
+        for r in rows
+        if r["model"] == model
+        and _ms(r, "triton-w4a16_graph_ms")
+        and (v := _ms(r, "bare-read_graph_ms"))
+    ]
+    if len(reads) == len(mults):
+        lines.append(
+            f"| (for scale: a bare read of the floor's bytes, replayed, at the "
+            f"same M) | {model} | {' / '.join(reads)} | - |"
+        )
+    return lines
+
+
+def _prefill_lines(rows: list[dict[str, object]]) -> list[str]:
+    """The M = 4096 target's line for each model, against grouped_mm on bf16."""
+    lines = []
+    for r in rows:
+        mine, anchor = _ms(r, "triton-w4a16_ms"), _ms(r, "grouped_mm-bf16_ms")
+        if r["M"] == 4096 and mine and anchor:
+            lines.append(
+                "| triton-w4a16 >= 0.8x grouped_mm bf16 throughput at M = 4096 | "
+                f"{r['model']} | {anchor / mine:.2f}x ({mine:.2f} vs {anchor:.2f} ms) "
+                f"| {_verdict(anchor / mine >= 0.8)} |"
+            )
+    return lines
+
+
+def _emulation_lines(rows: list[dict[str, object]], model: str) -> list[str]:
+    """triton-emulation's target for ``model``: its narrowest ratio to grouped_mm."""
+    ratios = [
+        (anchor / emu, int(r["M"]), tag)  # type: ignore[call-overload]
+        for r in rows
+        if r["model"] == model
+        for suffix, tag in (("_ms", ""), ("_graph_ms", " graph"))
+        if (emu := _ms(r, "triton-emulation" + suffix))
+        and (anchor := _ms(r, "grouped_mm-bf16" + suffix))
+    ]
+    if not ratios:
+        return []
+    worst, m, tag = min(ratios)
+    return [
+        "| triton-emulation no slower than grouped_mm bf16 at every M, eager "
+        f"and graph | {model} | narrowest: {worst:.2f}x at M = {m}{tag} | "
+        f"{_verdict(worst >= 1.0)} |"
+    ]
 
 
 def results_markdown(
