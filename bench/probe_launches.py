@@ -7,7 +7,7 @@ tiny kernel (the replay's own cost), the w13 GEMV alone, the w2 GEMV alone, the 
 sum alone, w13 + w2, and the whole layer; each with the table's tiles.
 """
 
-# ruff: noqa: B023, D103, F821, T201
+# ruff: noqa: D103, T201
 # A GPU script, not library code: print is its output, and each closure is replayed
 # inside the loop iteration that defines it.
 
@@ -39,6 +39,56 @@ from backends.triton._fused import (
 from backends.triton._launch import ExpertMatrix, buffer_dtype, reduce_topk
 from backends.triton._launch_gemv import launch_gemv
 from core.config import MoEConfig
+from core.routing import Routing
+
+
+def _launches(
+    x: torch.Tensor,
+    r: Routing,
+    config: MoEConfig,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+) -> tuple[int, dict[str, Callable[[], torch.Tensor]]]:
+    """The w2 split, and each of the GEMV path's launches (and the layer) as a call."""
+    n, f, d = x.shape[0] * config.top_k, config.intermediate_size, config.hidden_size
+    tiles = pick_gemv_tiles(n, w13)
+    tiles2 = tiles.w2_tiles or tiles
+    split = gemv_w2_split(tiles, n, d, f)
+    inter = torch.randn(n, f, device="cuda").to(buffer_dtype(x.dtype))
+    part = torch.empty(
+        split, n, d, device="cuda",
+        dtype=torch.float32 if split > 1 else buffer_dtype(x.dtype),
+    )  # fmt: skip
+
+    def w13_only() -> torch.Tensor:
+        launch_gemv(
+            x, w13, inter, n=f, routing=r, config=config, gated=True,
+            tiles=tiles,
+        )  # fmt: skip
+        return inter
+
+    def w2_only() -> torch.Tensor:
+        launch_gemv(
+            inter, w2, part, n=d, routing=r, config=config, gated=False,
+            tiles=tiles2, split=split,
+        )  # fmt: skip
+        return part
+
+    def reduce_only() -> torch.Tensor:
+        return reduce_topk(part, r, weighted=True, dtype=x.dtype, pdl=tiles2.pdl)
+
+    def w13_w2() -> torch.Tensor:
+        w13_only()
+        return w2_only()
+
+    fns: dict[str, Callable[[], torch.Tensor]] = {
+        "w13": w13_only,
+        "w2": w2_only,
+        "reduce": reduce_only,
+        "w13+w2": w13_w2,
+        "layer": lambda: fused_moe(x, w13, w2, r, config),
+    }
+    return split, fns
 
 
 def main() -> None:
@@ -57,47 +107,8 @@ def main() -> None:
                 continue
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
-            n = m * k
             active = int(torch.unique(r.topk_ids).numel())
-            tiles = pick_gemv_tiles(n, w13)
-            tiles2 = tiles.w2_tiles or tiles
-            split = gemv_w2_split(tiles, n, d, f)
-            inter = torch.randn(n, f, device="cuda").to(buffer_dtype(x.dtype))
-            part = torch.empty(
-                split, n, d, device="cuda",
-                dtype=torch.float32 if split > 1 else buffer_dtype(x.dtype),
-            )  # fmt: skip
-
-            def w13_only() -> torch.Tensor:
-                launch_gemv(
-                    x, w13, inter, n=f, routing=r, config=config, gated=True,
-                    tiles=tiles,
-                )  # fmt: skip
-                return inter
-
-            def w2_only() -> torch.Tensor:
-                launch_gemv(
-                    inter, w2, part, n=d, routing=r, config=config, gated=False,
-                    tiles=tiles2, split=split,
-                )  # fmt: skip
-                return part
-
-            def reduce_only() -> torch.Tensor:
-                return reduce_topk(
-                    part, r, weighted=True, dtype=x.dtype, pdl=tiles2.pdl
-                )
-
-            def w13_w2() -> torch.Tensor:
-                w13_only()
-                return w2_only()
-
-            fns: dict[str, Callable[[], torch.Tensor]] = {
-                "w13": w13_only,
-                "w2": w2_only,
-                "reduce": reduce_only,
-                "w13+w2": w13_w2,
-                "layer": lambda: fused_moe(x, w13, w2, r, config),
-            }
+            split, fns = _launches(x, r, config, w13, w2)
             fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
             cells = " ".join(
                 f"{key} {replay_graph(fn)[0] * 1e3:.1f}" for key, fn in fns.items()

@@ -18,7 +18,7 @@ What a split-w13 layer could take is about ``align + g13 + g2 + topk`` less thre
 replays of an empty graph (each part above pays one).
 """
 
-# ruff: noqa: B023, D103, F821, T201
+# ruff: noqa: D103, T201
 # A GPU script, not library code: print is its output, and each closure is replayed
 # inside the loop iteration that defines it.
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_gpu import MODELS, copy_bandwidth, floor_ms, int4_layer, replay_graph, route
 
-from backends.triton._align import align_pairs_to_blocks
+from backends.triton._align import BlockAlignment, align_pairs_to_blocks
 from backends.triton._configs import choose_tiles
 from backends.triton._configs_mma import MMA_TILES
 from backends.triton._fused import (
@@ -43,9 +43,10 @@ from backends.triton._fused import (
     gemv_w2_split,
     pick_gemv_tiles,
 )
-from backends.triton._launch import buffer_dtype, launch_gemm, reduce_topk
+from backends.triton._launch import ExpertMatrix, buffer_dtype, launch_gemm, reduce_topk
 from backends.triton._launch_gemv import launch_gemv
 from backends.triton._tiles import GemmTiles
+from core.config import MoEConfig
 from core.quantize import dequantize_expert
 from core.routing import Routing
 from core.weights import QuantizedExpertWeights
@@ -84,79 +85,113 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
-            n = m * k
             active = int(torch.unique(r.topk_ids).numel())
-            dt = buffer_dtype(x.dtype)
-            gt = pick_gemv_tiles(n, w13)
-            gt2 = gt.w2_tiles or gt
-            gsplit = gemv_w2_split(gt, n, d, f)
-            inter = torch.randn(n, f, device="cuda").to(dt)
-            gpart = torch.empty(
-                gsplit, n, d, device="cuda",
-                dtype=torch.float32 if gsplit > 1 else dt,
-            )  # fmt: skip
-            table = choose_tiles(
-                num_pairs=n, num_experts=e, hidden_size=d, intermediate_size=f,
-                mma=True,
-            )  # fmt: skip
-            align = align_pairs_to_blocks(r.topk_ids, e, block_m=table.block_m)
-            x_n = x.repeat_interleave(k, dim=0)
-
-            def gemv13() -> None:
-                launch_gemv(
-                    x, w13, inter, n=f, routing=r, config=config, gated=True, tiles=gt
-                )
-
-            def gemv2() -> None:
-                launch_gemv(
-                    inter, w2, gpart, n=d, routing=r, config=config, gated=False,
-                    tiles=gt2, split=gsplit,
-                )  # fmt: skip
-
-            fns: dict[str, Callable[[], object]] = {
-                "layer": lambda: fused_moe(x, w13, w2, r, config),
-                "gemv13": gemv13,
-                "gemv2": gemv2,
-                "align": lambda: align_pairs_to_blocks(
-                    r.topk_ids, e, block_m=table.block_m
-                ),
-            }
-            for s in SPLITS:
-                for bn, warps in SHAPES:
-                    tiles = attrs.evolve(
-                        MMA_TILES, split_k=s, block_n=bn, num_warps=warps
-                    )
-                    part = torch.empty(s, n, 2 * f, device="cuda")
-
-                    def g13(
-                        tiles: GemmTiles = tiles, part: torch.Tensor = part
-                    ) -> None:
-                        launch_gemm(
-                            x_n, w13, part, align, tiles, n=2 * f, routing=r,
-                            config=config, gated=False, experts=(0, e),
-                        )  # fmt: skip
-
-                    g13()
-                    check(part.sum(0), x_n, q, r, f"g13 s{s} {bn}x{warps}")
-                    fns[f"g13 s{s} {bn}x{warps}"] = g13
-            for label, mult in (("g2", 1), ("g2 x2", 2)):
-                t2 = attrs.evolve(table.w2, split_k=min(8, table.w2.split_k * mult))
-                part2 = torch.empty(t2.split_k, n, d, device="cuda")
-
-                def g2(t2: GemmTiles = t2, part2: torch.Tensor = part2) -> None:
-                    launch_gemm(
-                        inter, w2, part2, align, t2, n=d, routing=r, config=config,
-                        gated=False, experts=(0, e),
-                    )  # fmt: skip
-
-                fns[f"{label} s{t2.split_k}"] = g2
-            fns["topk"] = lambda: reduce_topk(gpart, r, weighted=True, dtype=x.dtype)
+            fns = _fns(x, r, config, q, w13, w2)
             fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
             print(f"{name} M={m} active {active} floor {fl * 1e3:.1f} us", flush=True)
             for key, fn in fns.items():
                 print(f"  {key:18s} {replay_graph(fn)[0] * 1e3:8.1f} us", flush=True)
         del q, w13, w2
         torch.cuda.empty_cache()
+
+
+def _fns(
+    x: torch.Tensor,
+    r: Routing,
+    config: MoEConfig,
+    q: QuantizedExpertWeights,
+    w13: ExpertMatrix,
+    w2: ExpertMatrix,
+) -> dict[str, Callable[[], object]]:
+    """The layer, the GEMV's launches, the alignment and the GEMMs' split forms."""
+    e, k = config.num_experts, config.top_k
+    d, f = config.hidden_size, config.intermediate_size
+    n = x.shape[0] * k
+    dt = buffer_dtype(x.dtype)
+    gt = pick_gemv_tiles(n, w13)
+    gt2 = gt.w2_tiles or gt
+    gsplit = gemv_w2_split(gt, n, d, f)
+    inter = torch.randn(n, f, device="cuda").to(dt)
+    gpart = torch.empty(
+        gsplit, n, d, device="cuda", dtype=torch.float32 if gsplit > 1 else dt
+    )
+    table = choose_tiles(
+        num_pairs=n, num_experts=e, hidden_size=d, intermediate_size=f, mma=True
+    )
+    align = align_pairs_to_blocks(r.topk_ids, e, block_m=table.block_m)
+
+    def gemv13() -> None:
+        launch_gemv(x, w13, inter, n=f, routing=r, config=config, gated=True, tiles=gt)
+
+    def gemv2() -> None:
+        launch_gemv(
+            inter, w2, gpart, n=d, routing=r, config=config, gated=False,
+            tiles=gt2, split=gsplit,
+        )  # fmt: skip
+
+    fns: dict[str, Callable[[], object]] = {
+        "layer": lambda: fused_moe(x, w13, w2, r, config),
+        "gemv13": gemv13,
+        "gemv2": gemv2,
+        "align": lambda: align_pairs_to_blocks(r.topk_ids, e, block_m=table.block_m),
+    }
+    fns |= _gemm13_fns(x.repeat_interleave(k, dim=0), r, config, q, w13, align)
+    fns |= _gemm2_fns(inter, r, config, w2, align, table.w2)
+    fns["topk"] = lambda: reduce_topk(gpart, r, weighted=True, dtype=x.dtype)
+    return fns
+
+
+def _gemm13_fns(
+    x_n: torch.Tensor,
+    r: Routing,
+    config: MoEConfig,
+    q: QuantizedExpertWeights,
+    w13: ExpertMatrix,
+    align: BlockAlignment,
+) -> dict[str, Callable[[], object]]:
+    """The w13 GEMM split ``SPLITS`` ways on ``SHAPES``, each checked first."""
+    e, f, n = config.num_experts, config.intermediate_size, x_n.shape[0]
+    fns: dict[str, Callable[[], object]] = {}
+    for s in SPLITS:
+        for bn, warps in SHAPES:
+            tiles = attrs.evolve(MMA_TILES, split_k=s, block_n=bn, num_warps=warps)
+            part = torch.empty(s, n, 2 * f, device="cuda")
+
+            def g13(tiles: GemmTiles = tiles, part: torch.Tensor = part) -> None:
+                launch_gemm(
+                    x_n, w13, part, align, tiles, n=2 * f, routing=r, config=config,
+                    gated=False, experts=(0, e),
+                )  # fmt: skip
+
+            g13()
+            check(part.sum(0), x_n, q, r, f"g13 s{s} {bn}x{warps}")
+            fns[f"g13 s{s} {bn}x{warps}"] = g13
+    return fns
+
+
+def _gemm2_fns(
+    inter: torch.Tensor,
+    r: Routing,
+    config: MoEConfig,
+    w2: ExpertMatrix,
+    align: BlockAlignment,
+    table_w2: GemmTiles,
+) -> dict[str, Callable[[], object]]:
+    """The w2 GEMM at the table's split and twice it."""
+    e, d, n = config.num_experts, config.hidden_size, inter.shape[0]
+    fns: dict[str, Callable[[], object]] = {}
+    for label, mult in (("g2", 1), ("g2 x2", 2)):
+        t2 = attrs.evolve(table_w2, split_k=min(8, table_w2.split_k * mult))
+        part2 = torch.empty(t2.split_k, n, d, device="cuda")
+
+        def g2(t2: GemmTiles = t2, part2: torch.Tensor = part2) -> None:
+            launch_gemm(
+                inter, w2, part2, align, t2, n=d, routing=r, config=config,
+                gated=False, experts=(0, e),
+            )  # fmt: skip
+
+        fns[f"{label} s{t2.split_k}"] = g2
+    return fns
 
 
 if __name__ == "__main__":
