@@ -83,6 +83,54 @@ def _nib(words, xj, MASK: tl.constexpr, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _inputs8(x_ptr, wi, i_mask, BW: tl.constexpr, XMODE: tl.constexpr):
+    """The input at ``8 wi + j`` for each word ``wi``, ``j`` = 0..7, in float32.
+
+    ``XMODE`` 0: eight strided loads; else one ``(BW, 8)`` load split in registers.
+    """
+    if XMODE == 0:
+        xb = x_ptr + 8 * wi
+        x0 = tl.load(xb + 0, mask=i_mask, other=0.0).to(tl.float32)
+        x1 = tl.load(xb + 1, mask=i_mask, other=0.0).to(tl.float32)
+        x2 = tl.load(xb + 2, mask=i_mask, other=0.0).to(tl.float32)
+        x3 = tl.load(xb + 3, mask=i_mask, other=0.0).to(tl.float32)
+        x4 = tl.load(xb + 4, mask=i_mask, other=0.0).to(tl.float32)
+        x5 = tl.load(xb + 5, mask=i_mask, other=0.0).to(tl.float32)
+        x6 = tl.load(xb + 6, mask=i_mask, other=0.0).to(tl.float32)
+        x7 = tl.load(xb + 7, mask=i_mask, other=0.0).to(tl.float32)
+    else:
+        x8 = tl.load(
+            x_ptr + 8 * wi[:, None] + tl.arange(0, 8)[None, :],
+            mask=i_mask[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        t = tl.reshape(x8, (BW, 2, 2, 2))
+        t0, t1 = tl.split(t)
+        t00, t01 = tl.split(t0)
+        t10, t11 = tl.split(t1)
+        x0, x4 = tl.split(t00)
+        x2, x6 = tl.split(t01)
+        x1, x5 = tl.split(t10)
+        x3, x7 = tl.split(t11)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _word_products(words, x0, x1, x2, x3, x4, x5, x6, x7):
+    """``sum_j (q_j - 8) x_j`` per word, one LOP3, FADD and FFMA a nibble (``_nib``)."""
+    hi = words >> 12
+    part = _nib(words, x0, 0xF, 8388616.0)
+    part += _nib(words, x1 * 0.0625, 0xF0, 8388736.0)
+    part += _nib(words, x2 * 0.00390625, 0xF00, 8390656.0)
+    part += _nib(words, x3 * 0.000244140625, 0xF000, 8421376.0)
+    part += _nib(words, x4 * 0.0000152587890625, 0xF0000, 8912896.0)
+    part += _nib(hi, x5 * 0.00390625, 0xF00, 8390656.0)
+    part += _nib(hi, x6 * 0.000244140625, 0xF000, 8421376.0)
+    part += _nib(hi, x7 * 0.0000152587890625, 0xF0000, 8912896.0)
+    return part
+
+
+@triton.jit
 def _gemv_word(
     a_ptr, w_ptr, s_ptr, c_ptr, ids_ptr, N, K, k_per_split,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_cs, stride_cm,
@@ -120,39 +168,8 @@ def _gemv_word(
                 mask=n_mask[:, None] & i_mask[None, :],
                 other=0,
             )
-        if XMODE == 0:
-            xb = x_ptr + 8 * wi
-            x0 = tl.load(xb + 0, mask=i_mask, other=0.0).to(tl.float32)
-            x1 = tl.load(xb + 1, mask=i_mask, other=0.0).to(tl.float32)
-            x2 = tl.load(xb + 2, mask=i_mask, other=0.0).to(tl.float32)
-            x3 = tl.load(xb + 3, mask=i_mask, other=0.0).to(tl.float32)
-            x4 = tl.load(xb + 4, mask=i_mask, other=0.0).to(tl.float32)
-            x5 = tl.load(xb + 5, mask=i_mask, other=0.0).to(tl.float32)
-            x6 = tl.load(xb + 6, mask=i_mask, other=0.0).to(tl.float32)
-            x7 = tl.load(xb + 7, mask=i_mask, other=0.0).to(tl.float32)
-        else:
-            x8 = tl.load(
-                x_ptr + 8 * wi[:, None] + tl.arange(0, 8)[None, :],
-                mask=i_mask[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            t = tl.reshape(x8, (BW, 2, 2, 2))
-            t0, t1 = tl.split(t)
-            t00, t01 = tl.split(t0)
-            t10, t11 = tl.split(t1)
-            x0, x4 = tl.split(t00)
-            x2, x6 = tl.split(t01)
-            x1, x5 = tl.split(t10)
-            x3, x7 = tl.split(t11)
-        hi = words >> 12
-        part = _nib(words, x0, 0xF, 8388616.0)
-        part += _nib(words, x1 * 0.0625, 0xF0, 8388736.0)
-        part += _nib(words, x2 * 0.00390625, 0xF00, 8390656.0)
-        part += _nib(words, x3 * 0.000244140625, 0xF000, 8421376.0)
-        part += _nib(words, x4 * 0.0000152587890625, 0xF0000, 8912896.0)
-        part += _nib(hi, x5 * 0.00390625, 0xF00, 8390656.0)
-        part += _nib(hi, x6 * 0.000244140625, 0xF000, 8421376.0)
-        part += _nib(hi, x7 * 0.0000152587890625, 0xF0000, 8912896.0)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _inputs8(x_ptr, wi, i_mask, BW, XMODE)
+        part = _word_products(words, x0, x1, x2, x3, x4, x5, x6, x7)
         sc = tl.load(
             s_e + rows * stride_sn + (wi // WG)[None, :],
             mask=n_mask[:, None] & i_mask[None, :],

@@ -59,6 +59,56 @@ add.f32 $0, flo, fhi;
 
 
 @triton.jit
+def _half2_inputs(x_ptr, wi, i_mask, K, BW: tl.constexpr, XMODE: tl.constexpr):
+    """A step's input as half2 pairs ``p0..p3`` of ``_H2_ASM``, and their power of two.
+
+    ``XMODE`` as ``_gemv_h2``'s: the pairs scaled by ``1 / pw`` (a power of two),
+    or read packed and unscaled (``pw`` 1).
+    """
+    if XMODE == 2:
+        KW = K // 8
+        p0 = tl.load(x_ptr + wi, mask=i_mask, other=0)
+        p1 = tl.load(x_ptr + KW + wi, mask=i_mask, other=0)
+        p2 = tl.load(x_ptr + 2 * KW + wi, mask=i_mask, other=0)
+        p3 = tl.load(x_ptr + 3 * KW + wi, mask=i_mask, other=0)
+        pw = tl.full([1, BW], 1.0, tl.float32)
+    else:
+        xb = x_ptr + 8 * wi
+        x0 = tl.load(xb + 0, mask=i_mask, other=0.0).to(tl.float32)
+        x1 = tl.load(xb + 1, mask=i_mask, other=0.0).to(tl.float32)
+        x2 = tl.load(xb + 2, mask=i_mask, other=0.0).to(tl.float32)
+        x3 = tl.load(xb + 3, mask=i_mask, other=0.0).to(tl.float32)
+        x4 = tl.load(xb + 4, mask=i_mask, other=0.0).to(tl.float32)
+        x5 = tl.load(xb + 5, mask=i_mask, other=0.0).to(tl.float32)
+        x6 = tl.load(xb + 6, mask=i_mask, other=0.0).to(tl.float32)
+        x7 = tl.load(xb + 7, mask=i_mask, other=0.0).to(tl.float32)
+        big = tl.maximum(
+            tl.maximum(
+                tl.maximum(tl.abs(x0), tl.abs(x1)),
+                tl.maximum(tl.abs(x2), tl.abs(x3)),
+            ),
+            tl.maximum(
+                tl.maximum(tl.abs(x4), tl.abs(x5)),
+                tl.maximum(tl.abs(x6), tl.abs(x7)),
+            ),
+        )
+        if XMODE == 0:
+            top = tl.maximum(tl.max(big, axis=0), 1e-30)
+        else:
+            top = tl.maximum(big, 1e-30)
+        ebits = top.to(tl.int32, bitcast=True) & 0x7F800000
+        inv = (0x7F000000 - ebits).to(tl.float32, bitcast=True)
+        pw = ebits.to(tl.float32, bitcast=True)
+        if XMODE == 1:
+            pw = pw[None, :]
+        p0 = _half2(x0 * inv, x4 * inv)
+        p1 = _half2(x1 * inv, x5 * inv)
+        p2 = _half2(x2 * inv, x6 * inv)
+        p3 = _half2(x3 * inv, x7 * inv)
+    return p0, p1, p2, p3, pw
+
+
+@triton.jit
 def _gemv_h2(
     a_ptr, w_ptr, s_ptr, c_ptr, ids_ptr, N, K, k_per_split,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_cs, stride_cm,
@@ -92,46 +142,7 @@ def _gemv_h2(
         i_mask = wi < k_hi // 8
         if EVEN:
             i_mask = offs_i < BW
-        if XMODE == 2:
-            KW = K // 8
-            p0 = tl.load(x_ptr + wi, mask=i_mask, other=0)
-            p1 = tl.load(x_ptr + KW + wi, mask=i_mask, other=0)
-            p2 = tl.load(x_ptr + 2 * KW + wi, mask=i_mask, other=0)
-            p3 = tl.load(x_ptr + 3 * KW + wi, mask=i_mask, other=0)
-            pw = tl.full([1, BW], 1.0, tl.float32)
-        else:
-            xb = x_ptr + 8 * wi
-            x0 = tl.load(xb + 0, mask=i_mask, other=0.0).to(tl.float32)
-            x1 = tl.load(xb + 1, mask=i_mask, other=0.0).to(tl.float32)
-            x2 = tl.load(xb + 2, mask=i_mask, other=0.0).to(tl.float32)
-            x3 = tl.load(xb + 3, mask=i_mask, other=0.0).to(tl.float32)
-            x4 = tl.load(xb + 4, mask=i_mask, other=0.0).to(tl.float32)
-            x5 = tl.load(xb + 5, mask=i_mask, other=0.0).to(tl.float32)
-            x6 = tl.load(xb + 6, mask=i_mask, other=0.0).to(tl.float32)
-            x7 = tl.load(xb + 7, mask=i_mask, other=0.0).to(tl.float32)
-            big = tl.maximum(
-                tl.maximum(
-                    tl.maximum(tl.abs(x0), tl.abs(x1)),
-                    tl.maximum(tl.abs(x2), tl.abs(x3)),
-                ),
-                tl.maximum(
-                    tl.maximum(tl.abs(x4), tl.abs(x5)),
-                    tl.maximum(tl.abs(x6), tl.abs(x7)),
-                ),
-            )
-            if XMODE == 0:
-                top = tl.maximum(tl.max(big, axis=0), 1e-30)
-            else:
-                top = tl.maximum(big, 1e-30)
-            ebits = top.to(tl.int32, bitcast=True) & 0x7F800000
-            inv = (0x7F000000 - ebits).to(tl.float32, bitcast=True)
-            pw = ebits.to(tl.float32, bitcast=True)
-            if XMODE == 1:
-                pw = pw[None, :]
-            p0 = _half2(x0 * inv, x4 * inv)
-            p1 = _half2(x1 * inv, x5 * inv)
-            p2 = _half2(x2 * inv, x6 * inv)
-            p3 = _half2(x3 * inv, x7 * inv)
+        p0, p1, p2, p3, pw = _half2_inputs(x_ptr, wi, i_mask, K, BW, XMODE)
         w_mask = n_mask[:, None] & i_mask[None, :]
         if EVEN:
             w_mask = n_mask[:, None]

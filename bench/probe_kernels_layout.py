@@ -23,6 +23,28 @@ from backends.triton._launch import ExpertMatrix
 
 
 @triton.jit
+def _read_two_steps(
+    tile, bits, k_lo, k_hi, kw,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKED: tl.constexpr,
+):  # fmt: skip
+    """``MODE`` 8: the tile's words only, two steps' loads in flight an iteration."""
+    BW: tl.constexpr = BLOCK_K // 8
+    offs_r = tl.arange(0, BLOCK_N)
+    offs_i = tl.arange(0, BW)
+    for k0 in range(k_lo, k_hi, 2 * BLOCK_K):
+        if BLOCKED:
+            ptrs = tile + (k0 // BLOCK_K) * (BLOCK_N * BW) + offs_r[:, None] * BW
+            w0 = tl.load(ptrs + offs_i[None, :])
+            w1 = tl.load(ptrs + BLOCK_N * BW + offs_i[None, :])
+        else:
+            ptrs = tile + offs_r[:, None] * kw + k0 // 8 + offs_i[None, :]
+            w0 = tl.load(ptrs)
+            w1 = tl.load(ptrs + BW)
+        bits ^= w0 ^ w1
+    return bits
+
+
+@triton.jit
 def _gemv_layout(
     a_ptr, w_ptr, s_ptr, c_ptr, ids_ptr, N, K, k_per_split,
     stride_am, stride_we, stride_se, stride_sn, stride_cs, stride_cm,
@@ -50,16 +72,7 @@ def _gemv_layout(
     acc = tl.zeros([BLOCK_N, BW], dtype=tl.float32)
     bits = tl.zeros([BLOCK_N, BW], dtype=tl.int32)
     if MODE == 8:  # words only, two steps' loads in flight per iteration
-        for k0 in range(k_lo, k_hi, 2 * BLOCK_K):
-            if BLOCKED:
-                ptrs = tile + (k0 // BLOCK_K) * (BLOCK_N * BW) + offs_r[:, None] * BW
-                w0 = tl.load(ptrs + offs_i[None, :])
-                w1 = tl.load(ptrs + BLOCK_N * BW + offs_i[None, :])
-            else:
-                ptrs = tile + offs_r[:, None] * kw + k0 // 8 + offs_i[None, :]
-                w0 = tl.load(ptrs)
-                w1 = tl.load(ptrs + BW)
-            bits ^= w0 ^ w1
+        bits = _read_two_steps(tile, bits, k_lo, k_hi, kw, BLOCK_N, BLOCK_K, BLOCKED)
     for k0 in range(k_lo, k_hi if MODE != 8 else k_lo, BLOCK_K):
         wi = k0 // 8 + offs_i
         if BLOCKED:
