@@ -132,6 +132,7 @@ def bench_tokens(
     variants: dict[str, Forward],
     config: MoEConfig,
     t: int,
+    *,
     reps: int,
     generator: torch.Generator,
     dtype: torch.dtype,
@@ -172,7 +173,9 @@ def main() -> None:
     variants = make_variants(weights, config, dtype)
     setup_s = time.perf_counter() - start
     rows = [
-        bench_tokens(variants, config, t, args.reps, generator, dtype)
+        bench_tokens(
+            variants, config, t, reps=args.reps, generator=generator, dtype=dtype
+        )
         for t in args.tokens
     ]
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(),

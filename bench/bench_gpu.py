@@ -270,9 +270,13 @@ def floor_bytes(m: int, active: int, d: int, f: int) -> float:
 
 
 def floor_ms(
-    m: int, active: int, e: int, k: int, d: int, f: int, bw: float, rate: float
+    m: int, active: int, shape: tuple[int, int, int, int], bw: float, rate: float
 ) -> float:
-    """max(``floor_bytes`` / copy bandwidth, FLOPs / bf16 rate), in ms."""
+    """max(``floor_bytes`` / copy bandwidth, FLOPs / bf16 rate), in ms.
+
+    ``shape``: the model's ``(E, top_k, D, F)``, as ``MODELS`` holds it.
+    """
+    _, k, d, f = shape
     return max(floor_bytes(m, active, d, f) / bw, 2 * m * k * 3 * f * d / rate) * 1e3
 
 
@@ -319,7 +323,7 @@ def bench_model(name: str, bw: float, rate: float) -> list[dict[str, object]]:
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
         r = route(m, e, k)
         active = int(torch.unique(r.topk_ids).numel())
-        fl = floor_ms(m, active, e, k, d, f, bw, rate)
+        fl = floor_ms(m, active, (e, k, d, f), bw, rate)
         row: dict[str, object] = {
             "model": name,
             "M": m,

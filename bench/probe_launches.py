@@ -109,7 +109,7 @@ def main() -> None:
             r = route(m, e, k)
             active = int(torch.unique(r.topk_ids).numel())
             split, fns = _launches(x, r, config, w13, w2)
-            fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
+            fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
             cells = " ".join(
                 f"{key} {replay_graph(fn)[0] * 1e3:.1f}" for key, fn in fns.items()
             )

@@ -86,8 +86,8 @@ def main() -> None:
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
             active = int(torch.unique(r.topk_ids).numel())
-            fns = _fns(x, r, config, q, w13, w2)
-            fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
+            fns = _fns(x, r, config, q=q, w13=w13, w2=w2)
+            fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
             print(f"{name} M={m} active {active} floor {fl * 1e3:.1f} us", flush=True)
             for key, fn in fns.items():
                 print(f"  {key:18s} {replay_graph(fn)[0] * 1e3:8.1f} us", flush=True)
@@ -99,6 +99,7 @@ def _fns(
     x: torch.Tensor,
     r: Routing,
     config: MoEConfig,
+    *,
     q: QuantizedExpertWeights,
     w13: ExpertMatrix,
     w2: ExpertMatrix,
@@ -135,8 +136,10 @@ def _fns(
         "gemv2": gemv2,
         "align": lambda: align_pairs_to_blocks(r.topk_ids, e, block_m=table.block_m),
     }
-    fns |= _gemm13_fns(x.repeat_interleave(k, dim=0), r, config, q, w13, align)
-    fns |= _gemm2_fns(inter, r, config, w2, align, table.w2)
+    fns |= _gemm13_fns(
+        x.repeat_interleave(k, dim=0), r, config, q=q, w13=w13, align=align
+    )
+    fns |= _gemm2_fns(inter, r, config, w2=w2, align=align, table_w2=table.w2)
     fns["topk"] = lambda: reduce_topk(gpart, r, weighted=True, dtype=x.dtype)
     return fns
 
@@ -145,6 +148,7 @@ def _gemm13_fns(
     x_n: torch.Tensor,
     r: Routing,
     config: MoEConfig,
+    *,
     q: QuantizedExpertWeights,
     w13: ExpertMatrix,
     align: BlockAlignment,
@@ -173,6 +177,7 @@ def _gemm2_fns(
     inter: torch.Tensor,
     r: Routing,
     config: MoEConfig,
+    *,
     w2: ExpertMatrix,
     align: BlockAlignment,
     table_w2: GemmTiles,

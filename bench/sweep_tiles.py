@@ -85,7 +85,7 @@ def main() -> None:
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
             active = int(torch.unique(r.topk_ids).numel())
-            fl = floor_ms(m, active, e, k, d, f, bw, 1e30)
+            fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
             ref = moe_forward_reference(x, layer.q, r, layer.cfg)
             fns = _variant_fns(layer, x, r, m, mode)
             for key, fn in fns.items():

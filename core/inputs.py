@@ -67,6 +67,7 @@ def _logits_routing(
     hidden_TD: torch.Tensor,
     router_logits: torch.Tensor,
     config: MoEConfig,
+    *,
     correction_bias: torch.Tensor | None,
     token_shape: tuple[int, ...] | None,
     router: TopkRouter,
@@ -190,8 +191,9 @@ def resolve_routing(
         )  # fmt: skip
     elif router_logits is not None:
         routing = _logits_routing(
-            hidden_TD, router_logits, config, correction_bias, token_shape, router
-        )
+            hidden_TD, router_logits, config, correction_bias=correction_bias,
+            token_shape=token_shape, router=router,
+        )  # fmt: skip
     elif gate_weight is not None:
         _check_same_device("gate_weight", gate_weight, hidden_TD)
         if correction_bias is not None:

@@ -52,7 +52,7 @@ class _ExpertsFunction(torch.autograd.Function):
     """Forward: the backend's kernels. Backward: ``moe_backward_reference``."""
 
     @staticmethod
-    def forward(
+    def forward(  # positional: Function.apply passes its arguments so
         ctx: Any,
         hidden_TD: torch.Tensor,
         topk_weights_TK: torch.Tensor,

@@ -197,7 +197,7 @@ def _build(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
 
 
 @torch.library.custom_op("int4_moe::forward", mutates_args=())
-def forward_op(
+def forward_op(  # positional: the op's schema, which the compiled graphs call
     hidden_states: torch.Tensor,
     router_logits: torch.Tensor | None,
     topk_weights: torch.Tensor | None,
@@ -211,7 +211,7 @@ def forward_op(
 
 
 @forward_op.register_fake
-def _forward_fake(
+def _forward_fake(  # positional: forward_op's schema
     hidden_states: torch.Tensor,
     router_logits: torch.Tensor | None,
     topk_weights: torch.Tensor | None,

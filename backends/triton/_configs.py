@@ -341,7 +341,9 @@ def int4_tiles(
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
         if mma:
-            return mma_tiles(num_pairs, num_experts, per_expert, hidden, inter, split)
+            return mma_tiles(
+                num_pairs, num_experts, per_expert, hidden, inter, split=split
+            )
         tiles = GemmTiles(
             block_n=64, block_k=128, num_warps=4, num_stages=4, swap_ab=True,
             int4_words=True,

@@ -104,6 +104,7 @@ def mma_tiles(
     per_expert: int,
     hidden: int,
     inter: int,
+    *,
     split: int,
 ) -> MoETiles:
     """``int4_tiles``'s decode row on the Gluon kernel; ``split``: ``split_for``'s w2 split.

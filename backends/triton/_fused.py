@@ -180,6 +180,7 @@ def _gemv_moe(
     w2: ExpertMatrix,
     routing: Routing,
     config: MoEConfig,
+    *,
     tiles: GemvTiles | None,
 ) -> torch.Tensor:
     """The ``gemv`` path: two pair-major GEMVs (int4 or 16-bit) and the top-k sum."""
@@ -225,8 +226,8 @@ def _gemm_moe(
     w2: ExpertMatrix,
     routing: Routing,
     config: MoEConfig,
-    tiles: MoETiles,
     *,
+    tiles: MoETiles,
     dequant: bool,
 ) -> torch.Tensor:
     """The ``gemm`` path, or with ``dequant`` the ``dequant`` path (chunk by chunk)."""
@@ -334,7 +335,7 @@ def fused_moe(
         elif use_dequant(num_pairs, w13):
             path = "dequant"
     if path == "gemv":
-        return _gemv_moe(x_TD, w13, w2, routing, config, gemv_tiles)
+        return _gemv_moe(x_TD, w13, w2, routing, config, tiles=gemv_tiles)
     if path == "dequant" and not (w13.is_int4 and w2.is_int4):
         raise DTypeError(
             "the dequant path needs int4 (uint8) weights, got 16-bit weights"
@@ -343,4 +344,4 @@ def fused_moe(
     chosen = (
         tiles if tiles is not None else pick_tiles(num_pairs, w13, w2, dequant=dequant)
     )
-    return _gemm_moe(x_TD, w13, w2, routing, config, chosen, dequant=dequant)
+    return _gemm_moe(x_TD, w13, w2, routing, config, tiles=chosen, dequant=dequant)

@@ -267,7 +267,7 @@ def launch_gemm(
         pdl = pdl and pdl_target(a_MK)
         gluon = {"POST_SCALE": group >= tiles.block_k, "WARPS": tiles.num_warps}
         gluon |= {"PDL": pdl, **pdl_launch_options(on=pdl)}
-        _launch_gluon(grid, args, meta | gluon, tiles, a_MK, k, wgmma=wgmma)
+        _launch_gluon(grid, args, meta | gluon, tiles, a_MK, k=k, wgmma=wgmma)
         return
     _moe_gemm_kernel[grid](
         *args, **meta, INT4=b.is_int4, BLOCK_K=tiles.block_k, SWAP_AB=tiles.swap_ab,
@@ -283,8 +283,8 @@ def _launch_gluon(
     meta: dict[str, object],
     tiles: GemmTiles,
     a_MK: torch.Tensor,
-    k: int,
     *,
+    k: int,
     wgmma: bool,
 ) -> None:
     """Launch ``launch_gemm``'s arguments on a Gluon kernel: warpgroup MMA or mma.sync."""
