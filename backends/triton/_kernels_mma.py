@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from backends.triton._kernels import _activate, _grid_dependency
 from backends.triton._kernels_mma_setup import (
     _first_step,
+    _load_x,
     _next_step,
     _output_rows,
     _program_ids,
@@ -230,13 +231,6 @@ def _loop_step(
         BLOCK_M, WARPS, ACC_LAYOUT, POST_SCALE, GATED, X_SHARED,
     )  # fmt: skip
     return acc, acc_up, nxt
-
-
-@gluon.jit
-def _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end):
-    """The activation's step at ``k0`` in real K order (zero past ``k_end``)."""
-    cols = k0 + offs_kx
-    return gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
 
 
 @gluon.jit

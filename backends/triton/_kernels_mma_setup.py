@@ -77,6 +77,13 @@ def _token_rows(
 
 
 @gluon.jit
+def _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end):
+    """The activation's step at ``k0`` in real K order (zero past ``k_end``)."""
+    cols = k0 + offs_kx
+    return gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
+
+
+@gluon.jit
 def _output_rows(pid_n, N, BLOCK_N: gl.constexpr, ACC_LAYOUT: gl.constexpr):
     """``(offs_nc, n_mask, rows_c)``: the tile's rows in the accumulator's layout."""
     offs_nc = pid_n * BLOCK_N + gl.arange(

@@ -34,6 +34,7 @@ from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_mma import _store_tile
 from backends.triton._kernels_mma_setup import (
     _first_step,
+    _load_x,
     _next_step,
     _output_rows,
     _program_ids,
@@ -81,13 +82,6 @@ def _to_logical_rows(x, BLOCK_M: gl.constexpr):
     v = gl.reshape(x, [BLOCK_M, 4, 4, 2, 2, 2])  # [m, c, r, h, i1, i0]
     v = gl.permute(v, [0, 2, 4, 5, 1, 3])  # [m, r, i1, i0, c, h]
     return gl.reshape(v, [BLOCK_M, 128])
-
-
-@gluon.jit
-def _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0, k_end):
-    """The activation's step at ``k0`` in real K order (zero past ``k_end``)."""
-    cols = k0 + offs_kx
-    return gl.load(a_ptr + x_rows + cols, mask=x_mask_m & (cols < k_end), other=0.0)
 
 
 @gluon.jit
