@@ -55,8 +55,8 @@ def dense_moe_f64(
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    config: MoEConfig,
     *,
+    config: MoEConfig,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:

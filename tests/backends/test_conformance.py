@@ -102,7 +102,7 @@ def _dense_f64(
         dequant_f64(w.w2_qdata, w.w2_scale, w.w2_zero_point),
         routing.topk_weights,
         routing.topk_ids,
-        config,
+        config=config,
         w13_bias=w.w13_bias,
         w2_bias=w.w2_bias,
     )
@@ -114,8 +114,8 @@ def _run_case(
     config: MoEConfig,
     tokens: int,
     dtype: torch.dtype,
-    gen: torch.Generator,
     *,
+    gen: torch.Generator,
     drop_experts: bool = False,
 ) -> None:
     backend = create_backend(backend_name)
@@ -176,7 +176,7 @@ def test_backend_matches_oracle(
 ) -> None:
     t, d, f, e, k = shape
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
-    _run_case(backend_name, scheme, config, t, dtype, generator)
+    _run_case(backend_name, scheme, config, t, dtype, gen=generator)
 
 
 ROUTING = [
@@ -198,7 +198,7 @@ def test_backend_options(
 ) -> None:
     base = MoEConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=128)
     config = attrs.evolve(base, **options)
-    _run_case(backend_name, INT4_SYM_G32, config, 9, torch.bfloat16, generator)
+    _run_case(backend_name, INT4_SYM_G32, config, 9, torch.bfloat16, gen=generator)
 
 
 @pytest.mark.parametrize("backend_name", available_backends())
@@ -212,7 +212,7 @@ def test_backend_experts_held_elsewhere(
         config,
         9,
         torch.float16,
-        generator,
+        gen=generator,
         drop_experts=True,
     )
 

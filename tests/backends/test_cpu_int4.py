@@ -104,7 +104,7 @@ def _dense_f64(
         dequant_f64(w.w2_qdata, w.w2_scale, w.w2_zero_point),
         routing.topk_weights,
         routing.topk_ids,
-        config,
+        config=config,
     )
 
 

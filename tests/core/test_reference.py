@@ -20,7 +20,13 @@ from tests.tolerances import REL_L2_VS_ORACLE, rel_l2
 
 
 def _weights(
-    e: int, f: int, d: int, scheme: Int4Scheme, gen: torch.Generator, dtype: torch.dtype
+    e: int,
+    f: int,
+    d: int,
+    scheme: Int4Scheme,
+    gen: torch.Generator,
+    *,
+    dtype: torch.dtype,
 ) -> QuantizedExpertWeights:
     w13 = torch.randn(e, 2 * f, d, generator=gen) / d**0.5
     w2 = torch.randn(e, d, f, generator=gen) / f**0.5
@@ -47,7 +53,7 @@ def _check(
         config.hidden_size,
         scheme,
         gen,
-        dtype,
+        dtype=dtype,
     )
     x = torch.randn(tokens, config.hidden_size, generator=gen).to(dtype)
     routing = route_topk(torch.randn(tokens, config.num_experts, generator=gen), config)
@@ -55,7 +61,9 @@ def _check(
     assert out.dtype == dtype
     assert out.shape == (tokens, config.hidden_size)
     w13, w2 = _dense(weights)
-    expected = dense_moe_f64(x, w13, w2, routing.topk_weights, routing.topk_ids, config)
+    expected = dense_moe_f64(
+        x, w13, w2, routing.topk_weights, routing.topk_ids, config=config
+    )
     if tokens == 0:
         return
     # The oracle computes in float32 and rounds once to the output dtype.
@@ -143,17 +151,19 @@ def test_reference_swigluoai_clamp(
         activation="swigluoai",
         swiglu_limit=limit,
     )
-    weights = _weights(8, 64, 64, INT4_ASYM_G32, generator, torch.float32)
+    weights = _weights(8, 64, 64, INT4_ASYM_G32, generator, dtype=torch.float32)
     x = torch.randn(16, 64, generator=generator) * x_scale
     routing = route_topk(torch.randn(16, 8, generator=generator), config)
     w13, w2 = _dense(weights)
     _assert_swiglu_clamps_bite(x, w13, routing, config)
     out = moe_forward_reference(x, weights, routing, config)
-    expected = dense_moe_f64(x, w13, w2, routing.topk_weights, routing.topk_ids, config)
+    expected = dense_moe_f64(
+        x, w13, w2, routing.topk_weights, routing.topk_ids, config=config
+    )
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32]
     unclamped = attrs.evolve(config, swiglu_limit=1e30)
     no_clamp = dense_moe_f64(
-        x, w13, w2, routing.topk_weights, routing.topk_ids, unclamped
+        x, w13, w2, routing.topk_weights, routing.topk_ids, config=unclamped
     )
     assert rel_l2(expected, no_clamp) > 0.05  # the clamps matter in this case
 
@@ -178,7 +188,7 @@ def test_reference_routing_options(
 
 def test_reference_ids_of_minus_one_contribute_zero(generator: torch.Generator) -> None:
     config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
-    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, dtype=torch.float32)
     x = torch.randn(5, 64, generator=generator)
     ids = torch.tensor([[0, -1], [-1, -1], [3, 2], [1, -1], [2, 0]])
     tw = torch.rand(5, 2, generator=generator)
@@ -186,7 +196,7 @@ def test_reference_ids_of_minus_one_contribute_zero(generator: torch.Generator) 
         x, weights, Routing(topk_weights=tw, topk_ids=ids), config
     )
     w13, w2 = _dense(weights)
-    expected = dense_moe_f64(x, w13, w2, tw, ids, config)
+    expected = dense_moe_f64(x, w13, w2, tw, ids, config=config)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32] * 10
     torch.testing.assert_close(out[1], torch.zeros(64), rtol=0, atol=0)
 
@@ -216,7 +226,7 @@ def test_reference_refuses_ids_it_cannot_hold(
 ) -> None:
     """Global ids handed to one rank's weights, or float ids, raise (they gave zeros)."""
     config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
-    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, dtype=torch.float32)
     routing = Routing(topk_weights=torch.rand(2, 2, generator=generator), topk_ids=ids)
     x = torch.randn(2, 64, generator=generator)
     with pytest.raises(error, match=message):
@@ -264,7 +274,7 @@ def test_reference_refuses_inputs_of_other_shapes(
 ) -> None:
     """Before any work (raw IndexError / matmul RuntimeError before)."""
     config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
-    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, dtype=torch.float32)
     ids = torch.randint(0, 4, ids_shape, generator=generator)
     routing = Routing(
         topk_weights=torch.rand(ids_shape, generator=generator), topk_ids=ids
@@ -280,7 +290,7 @@ def test_reference_refuses_topk_weights_and_grad_of_other_shapes(
     generator: torch.Generator,
 ) -> None:
     config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
-    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.float32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, dtype=torch.float32)
     ids = torch.randint(0, 4, (5, 2), generator=generator)
     x = torch.randn(5, 64, generator=generator)
     short = Routing(topk_weights=torch.rand(5, 1, generator=generator), topk_ids=ids)
@@ -307,7 +317,7 @@ def test_reference_expert_biases(generator: torch.Generator) -> None:
         expert_bias=True,
     )
     weights = attrs.evolve(
-        _weights(8, 64, 64, INT4_ASYM_G32, generator, torch.float32),
+        _weights(8, 64, 64, INT4_ASYM_G32, generator, dtype=torch.float32),
         w13_bias=torch.randn(8, 128, generator=generator),
         w2_bias=torch.randn(8, 64, generator=generator),
     )
@@ -322,7 +332,7 @@ def test_reference_expert_biases(generator: torch.Generator) -> None:
         w2,
         routing.topk_weights,
         routing.topk_ids,
-        config,
+        config=config,
         w13_bias=weights.w13_bias,
         w2_bias=weights.w2_bias,
     )
@@ -351,7 +361,7 @@ def test_backward_reference_matches_dense_float64_autograd(
     independent float64 dense MoE; ids of -1 get none and give none."""
     base = MoEConfig(num_experts=8, top_k=2, hidden_size=64, intermediate_size=32)
     config = attrs.evolve(base, **options)
-    weights = _weights(8, 32, 64, scheme, generator, torch.float32)
+    weights = _weights(8, 32, 64, scheme, generator, dtype=torch.float32)
     if config.expert_bias:
         weights = attrs.evolve(
             weights,
@@ -371,7 +381,7 @@ def test_backward_reference_matches_dense_float64_autograd(
     w64 = routing.topk_weights.double().requires_grad_()
     w13, w2 = _dense(weights)
     out = dense_moe_f64(
-        x64, w13, w2, w64, ids, config, w13_bias=weights.w13_bias,
+        x64, w13, w2, w64, ids, config=config, w13_bias=weights.w13_bias,
         w2_bias=weights.w2_bias,
     )  # fmt: skip
     expected_x, expected_w = torch.autograd.grad(out, (x64, w64), grad.double())
@@ -385,7 +395,7 @@ def test_backward_reference_matches_dense_float64_autograd(
 def test_backward_reference_leaves_its_inputs_alone(generator: torch.Generator) -> None:
     """Pure: no gradient recorded on the inputs, none of them changed."""
     config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
-    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, torch.bfloat16)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, dtype=torch.bfloat16)
     x = torch.randn(3, 64, generator=generator).to(torch.bfloat16).requires_grad_()
     routing = route_topk(torch.randn(3, 4, generator=generator), config)
     before = (x.detach().clone(), routing.topk_weights.clone())
@@ -426,7 +436,7 @@ def test_backward_reference_router_gradient_in_the_weights_dtype(
         dequant_f64(q.w2_qdata, q.w2_scale, q.w2_zero_point),
         w64,
         routing.topk_ids,
-        config,
+        config=config,
     )
     (expected,) = torch.autograd.grad(out, w64, grad.double())
     assert rel_l2(expected, grad_w) < REL_L2_VS_ORACLE[torch.bfloat16]

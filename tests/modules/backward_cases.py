@@ -58,7 +58,7 @@ def check_gradients(
         dequant_f64(q.w2_qdata, q.w2_scale, q.w2_zero_point),
         routing.topk_weights,
         routing.topk_ids,
-        CONFIG,
+        config=CONFIG,
     )
     torch.autograd.backward((expected_out * grad.double().cpu()).sum())
     assert x64.grad is not None

@@ -222,7 +222,7 @@ def test_float_layer_matches_dense_float64(generator: torch.Generator) -> None:
         torch.stack([w2 for _, w2 in pairs]),
         routing.topk_weights,
         routing.topk_ids,
-        config,
+        config=config,
     )
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[torch.float32]
 

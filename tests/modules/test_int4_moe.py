@@ -58,7 +58,7 @@ def test_forward_matches_float64_on_dequantized_weights(
     routing = route_topk(logits.reshape(15, 8), CFG)
     w13, w2 = _dense(moe)
     expected = dense_moe_f64(
-        x.reshape(15, 128), w13, w2, routing.topk_weights, routing.topk_ids, CFG
+        x.reshape(15, 128), w13, w2, routing.topk_weights, routing.topk_ids, config=CFG
     )
     assert (
         rel_l2(expected, y.reshape(15, 128))
@@ -74,7 +74,9 @@ def test_quantized_vs_float_layer_error(generator: torch.Generator) -> None:
     x = torch.randn(64, 128, generator=generator)
     logits = torch.randn(64, 8, generator=generator)
     routing = route_topk(logits, CFG)
-    exact = dense_moe_f64(x, w13, w2, routing.topk_weights, routing.topk_ids, CFG)
+    exact = dense_moe_f64(
+        x, w13, w2, routing.topk_weights, routing.topk_ids, config=CFG
+    )
     assert sqnr_db(exact, moe(x, router_logits=logits)) > LAYER_SQNR_FLOOR_DB
 
 
@@ -196,12 +198,12 @@ def test_apply_router_weight_on_input(generator: torch.Generator) -> None:
     tw = torch.rand(6, 1, generator=generator)
     ids = torch.randint(0, 4, (6, 1), generator=generator)
     w13q, w2q = _dense(moe)
-    expected = dense_moe_f64(x, w13q, w2q, tw, ids, cfg)
+    expected = dense_moe_f64(x, w13q, w2q, tw, ids, config=cfg)
     out = moe(x, topk_weights=tw, topk_ids=ids)
     assert rel_l2(expected, out) < 1e-5
     # weighting the output instead gives another answer: the option is what is tested
     on_output = attrs.evolve(cfg, apply_router_weight_on_input=False)
-    assert rel_l2(dense_moe_f64(x, w13q, w2q, tw, ids, on_output), out) > 0.05
+    assert rel_l2(dense_moe_f64(x, w13q, w2q, tw, ids, config=on_output), out) > 0.05
 
 
 def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> None:
@@ -237,7 +239,7 @@ def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> Non
         w2q,
         routing.topk_weights,
         routing.topk_ids,
-        cfg,
+        config=cfg,
         w13_bias=b13,
         w2_bias=b2,
     )
