@@ -36,8 +36,9 @@ from backends.triton._fused import (
     pick_gemv_tiles,
     use_gemv,
 )
-from backends.triton._launch import ExpertMatrix, buffer_dtype, reduce_topk
+from backends.triton._launch import ExpertMatrix, buffer_dtype
 from backends.triton._launch_gemv import launch_gemv
+from backends.triton._launch_reduce import reduce_topk
 from core.config import MoEConfig
 from core.routing import Routing
 

@@ -43,8 +43,9 @@ from backends.triton._fused import (
     gemv_w2_split,
     pick_gemv_tiles,
 )
-from backends.triton._launch import ExpertMatrix, buffer_dtype, launch_gemm, reduce_topk
+from backends.triton._launch import ExpertMatrix, buffer_dtype, launch_gemm
 from backends.triton._launch_gemv import launch_gemv
+from backends.triton._launch_reduce import reduce_topk
 from backends.triton._tiles import GemmTiles
 from core.config import MoEConfig
 from core.quantize import dequantize_expert

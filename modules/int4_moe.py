@@ -34,7 +34,11 @@ from core.weights import QuantizedExpertWeights
 from modules.backward import run_experts, wants_grad
 from modules.buffers import check_optional_tensors, frozen_copy, local_experts
 from modules.custom_op import STATE, describe_layer, forward_op, register_layer
-from modules.layer_state import Int4MoEState
+from modules.layer_state import (
+    Int4MoEState,
+    _check_loaded_state as _check_loaded_state,  # layers pickled before the
+    _invalidate_after_load as _invalidate_after_load,  # split name their hooks here
+)
 from modules.prepared import PreparedCache
 
 if TYPE_CHECKING:

@@ -40,15 +40,14 @@ from backends.triton._launch import (
     buffer_dtype,
     int4_words_fit,
     is_interpreting,
-    launch_activate,
     launch_gemm,
     mma_target,
     permute_k,
     permuted_width,
-    reduce_topk,
 )
 from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._launch_gemv import launch_gemv
+from backends.triton._launch_reduce import launch_activate, reduce_topk
 from backends.triton._tiles import GemvTiles, MoETiles
 from core.config import MoEConfig
 from core.errors import DTypeError

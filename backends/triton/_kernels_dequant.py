@@ -4,7 +4,7 @@
 """Triton kernel that dequantizes int4 experts to 16 bits (``@triton.jit`` only).
 
 Used by triton-w4a16 at prefill sizes: a chunk of experts is dequantized into a
-scratch buffer and the 16-bit grouped GEMM runs on it (``_launch.py``).
+scratch buffer and the 16-bit grouped GEMM runs on it (``_launch_dequant.py``).
 """
 
 import triton

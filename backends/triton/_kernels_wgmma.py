@@ -212,7 +212,8 @@ def _moe_gemm_wgmma_kernel(
     )  # fmt: skip
     slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_shared_layout(BLOCK_M))
     x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
-    _store_slot(slots.index(0), x, CT, BLOCK_M)
+    _stage(slots.index(0), x, CT, BLOCK_M)
+    _cta_barrier()
     wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = _first_step(
         w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, RING=False
     )
@@ -223,14 +224,14 @@ def _moe_gemm_wgmma_kernel(
             w, k0 + 128, N, stride_sn, sc, sc_up, GROUP, HAS_ZP, CT, POST_SCALE,
             GATED, RING=False,
         )  # fmt: skip
+        # The other slot, written during this step's MMAs, was last read by the
+        # step before, whose MMAs every warp waited for before the barrier ending it.
         acc, acc_up = _wgmma_pair(
             acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up,
-            slots.index(it % 2), CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
-            POST_SCALE, GATED, ASYNC,
+            slots.index(it % 2), x_next, slots.index((it + 1) % 2), CT, BLOCK_N,
+            BLOCK_M, A_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC,
         )  # fmt: skip
-        # The other slot was last read by the step before this one, whose MMAs every
-        # warp has waited for before the barrier that ended it.
-        _store_slot(slots.index((it + 1) % 2), x_next, CT, BLOCK_M)
+        _cta_barrier()  # the next slot's stores visible to the next step's MMAs
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
         wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = nxt
 
@@ -243,39 +244,44 @@ def _moe_gemm_wgmma_kernel(
 
 
 @gluon.jit
-def _store_slot(slot, x, CT: gl.constexpr, BLOCK_M: gl.constexpr):
-    """A step's activation into ``slot`` in logical K order, visible to the next MMA.
+def _stage(slot, x, CT: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A step's activation into ``slot`` in logical K order.
 
-    The fence orders the generic-proxy stores before the tensor cores' reads; the
-    barrier makes every warp's stores visible to the whole warpgroup's MMA.
+    The fence orders these generic-proxy stores before the tensor cores' reads; a CTA
+    barrier must follow before any warpgroup's MMA reads the slot.
     """
     slot.store(_to_logical_rows(x.to(CT), BLOCK_M))
     fence_async_shared()
-    _cta_barrier()
 
 
 @gluon.jit
 def _wgmma_pair(
-    acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs,
+    acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs, x_next, x_slot,
     CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
     A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
     GATED: gl.constexpr, ASYNC: gl.constexpr,
 ):  # fmt: skip
-    """One step's MMAs against slot ``xs``: the gate (or only) rows, and the up rows.
+    """One step's MMAs against slot ``xs``, and the next activation staged.
 
-    With ``ASYNC`` and ``GATED`` the gate rows' MMA runs while the up rows dequantize.
+    Gate (or only) rows, then up rows; ``x_next`` goes into ``x_slot``. With ``ASYNC`` the MMAs run while the up rows dequantize and the next activation
+    is stored; else each MMA is waited for before the next dequantization.
     """
-    if ASYNC and GATED:
+    if ASYNC:
         tok, a = _wgmma_issue(
             acc, wd, s_b, bias, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
             POST_SCALE,
         )  # fmt: skip
-        tok_up, a_up = _wgmma_issue(
-            acc_up, wd_up, s_up, bias_up, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
-            ACC_LAYOUT, POST_SCALE,
-        )  # fmt: skip
-        acc = _wgmma_retire(acc, tok, a, sc, 1, POST_SCALE)
-        acc_up = _wgmma_retire(acc_up, tok_up, a_up, sc_up, 0, POST_SCALE)
+        if GATED:
+            tok_up, a_up = _wgmma_issue(
+                acc_up, wd_up, s_up, bias_up, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
+                ACC_LAYOUT, POST_SCALE,
+            )  # fmt: skip
+        _stage(x_slot, x_next, CT, BLOCK_M)
+        if GATED:
+            acc = _wgmma_retire(acc, tok, a, sc, 1, POST_SCALE)
+            acc_up = _wgmma_retire(acc_up, tok_up, a_up, sc_up, 0, POST_SCALE)
+        else:
+            acc = _wgmma_retire(acc, tok, a, sc, 0, POST_SCALE)
     else:
         acc = _wgmma_step(
             acc, wd, s_b, bias, xs, sc, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT,
@@ -286,4 +292,5 @@ def _wgmma_pair(
                 acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
                 A_LAYOUT, ACC_LAYOUT, POST_SCALE,
             )  # fmt: skip
+        _stage(x_slot, x_next, CT, BLOCK_M)
     return acc, acc_up

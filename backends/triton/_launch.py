@@ -1,8 +1,9 @@
 """Typed host wrappers of the Triton kernels: one function per kernel launch.
 
-The grouped GEMMs, the activation of split partials and the top-k sum here, the
-decode GEMVs in ``_launch_gemv.py``, the prefill's dequantization in
-``_launch_dequant.py``; and what they ask of the device and the weights. May import core; triton only inside functions. ``_fused.py``
+The grouped GEMMs here, the activation of split partials and the top-k sum in
+``_launch_reduce.py``, the decode GEMVs in ``_launch_gemv.py``, the prefill's
+dequantization in ``_launch_dequant.py``; and what they ask of the device and the
+weights. May import core; triton only inside functions. ``_fused.py``
 composes these into the layer. Shape legend: ``T`` tokens, ``D`` hidden, ``F``
 intermediate, ``E`` experts, ``K`` top_k, ``N`` = T*K routed pairs, ``S`` K-splits of
 the w2 GEMM.
@@ -19,7 +20,6 @@ import torch
 from backends.triton._align import BlockAlignment
 from backends.triton._configs import (
     ceil_div,
-    next_pow2,
 )
 from backends.triton._tiles import GemmTiles
 from core.config import MoEConfig
@@ -370,9 +370,10 @@ def mma_target(a: torch.Tensor) -> bool:
 def wgmma_target(a: torch.Tensor) -> bool:
     """Whether ``GemmTiles.wgmma`` tiles run the warpgroup-MMA kernel on ``a``'s device.
 
-    Hopper (compute capability 9.x: ``wgmma`` is sm_90a's), where ``mma_target`` holds.
+    Hopper (compute capability 9.x: ``wgmma`` is sm_90a's), where ``mma_target`` holds
+    and the kernel's Gluon imports (``gluon_hopper``).
     """
-    return mma_target(a) and _capability(a.device) == 9
+    return mma_target(a) and _capability(a.device) == 9 and gluon_hopper()
 
 
 @functools.cache
@@ -384,6 +385,19 @@ def gluon_kernels() -> bool:
     """
     try:
         import backends.triton._kernels_mma  # noqa: F401  (the import is the check)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+@functools.cache
+def gluon_hopper() -> bool:
+    """Whether the warpgroup-MMA kernel imports (Gluon's Hopper ``warpgroup_mma``).
+
+    Elsewhere ``GemmTiles.wgmma`` tiles run the ``mma.sync`` kernel.
+    """
+    try:
+        import backends.triton._kernels_wgmma  # noqa: F401  (the import is the check)
     except (ImportError, AttributeError):
         return False
     return True
@@ -416,84 +430,3 @@ def permute_k(x_MK: torch.Tensor, chunk: int) -> torch.Tensor:
         x_MK = torch.nn.functional.pad(x_MK, (0, width - k))
     chunks = x_MK.reshape(m, width // chunk, chunk // 2, 2)
     return chunks.transpose(2, 3).reshape(m, width)
-
-
-def reduce_topk(
-    part_SND: torch.Tensor,
-    routing: Routing,
-    *,
-    weighted: bool,
-    dtype: torch.dtype,
-    pdl: bool = False,
-) -> torch.Tensor:
-    """``(T, D)``: sum of the K-split partials and the top-k pairs of each token.
-
-    ``pdl``: launched with programmatic dependent launch (where ``pdl_target``),
-    waiting for the kernel before it on the GPU (``GemvTiles.pdl``,
-    ``MoETiles.pdl``).
-    """
-    from backends.triton._kernels import _reduce_topk_kernel
-
-    t, top_k = routing.topk_ids.shape
-    d = int(part_SND.shape[2])
-    pdl = pdl and pdl_target(part_SND)
-    buffer = buffer_dtype(dtype)
-    out_TD = torch.empty(t, d, dtype=buffer, device=part_SND.device)
-    block_d = min(1024, next_pow2(d))
-    _reduce_topk_kernel[(t, ceil_div(d, block_d))](
-        part_SND,
-        routing.topk_ids,
-        routing.topk_weights,
-        out_TD,
-        d,
-        part_SND.stride(0),
-        part_SND.stride(1),
-        out_TD.stride(0),
-        TOP_K=top_k,
-        SPLIT=int(part_SND.shape[0]),
-        WEIGHTED=weighted,
-        BLOCK_D=block_d,
-        PDL=pdl,
-        **pdl_launch_options(on=pdl),
-    )
-    return out_TD if buffer == dtype else out_TD.to(dtype)  # a no-op ``to``: ~1 us
-
-
-def launch_activate(
-    part_SNF2: torch.Tensor,
-    routing: Routing,
-    config: MoEConfig,
-    out_NF: torch.Tensor,
-    *,
-    experts: tuple[int, int],
-    pdl: bool = False,
-) -> None:
-    """``out_NF = act(gate) * up`` of a K-split w13 GEMM's partials ``(S, N, 2F)``.
-
-    Only the rows of pairs routed to ``experts`` ``(lo, hi)`` (the GEMM's) are read
-    and written (``_activate_splits_kernel``). ``pdl`` (``MoETiles.pdl``): launched
-    with programmatic dependent launch where ``pdl_target`` holds.
-    """
-    from backends.triton._kernels import _activate_splits_kernel
-
-    num_pairs, f = int(out_NF.shape[0]), int(out_NF.shape[1])
-    block_f = min(1024, next_pow2(f))
-    pdl = pdl and pdl_target(out_NF)
-    _activate_splits_kernel[(num_pairs, ceil_div(f, block_f))](
-        part_SNF2,
-        routing.topk_ids,
-        out_NF,
-        f,
-        float(config.swiglu_alpha),
-        float(config.swiglu_limit),
-        experts[0],
-        experts[1],
-        part_SNF2.stride(0),
-        part_SNF2.stride(1),
-        out_NF.stride(0),
-        ACT=ACTIVATION_CODE[config.activation],
-        SPLIT=int(part_SNF2.shape[0]),
-        BLOCK_F=block_f,
-        PDL=pdl,
-        **pdl_launch_options(on=pdl),
-    )

@@ -64,9 +64,11 @@ class GemmTiles:
             kernel ``_kernels_wgmma.py`` instead, whose tensor cores read the row
             block's tokens from shared memory (the words still dequantized into the
             register A operand), so row blocks of 32 tokens cost no spills. Needs
-            ``num_warps`` a multiple of 4 (whole warpgroups) and ``num_stages`` 1
-            (words one step ahead in registers). Elsewhere the ``mma.sync`` kernel
-            takes the same tiles.
+            ``num_warps`` 4 or 8 (whole warpgroups), ``block_n`` ``16 * num_warps``
+            (one 64-row tile a warpgroup: with two the gated w13 on 4 warps spilled
+            72-568 bytes a thread, offline sm_90) and ``num_stages`` 1 (words one
+            step ahead in registers). Elsewhere the ``mma.sync`` kernel takes the
+            same tiles.
     """
 
     block_n: int
@@ -99,10 +101,16 @@ class GemmTiles:
                     f"num_stages={self.num_stages}"
                 )
                 raise ValueError(msg)
-        if self.wgmma and (not self.mma or self.num_warps % 4 or self.num_stages != 1):
+        if self.wgmma and (
+            not self.mma
+            or self.num_warps not in (4, 8)
+            or self.block_n != 16 * self.num_warps
+            or self.num_stages != 1
+        ):
             msg = (
-                "GemmTiles.wgmma needs mma=True, num_warps a multiple of 4 and "
-                f"num_stages 1, got mma={self.mma}, num_warps={self.num_warps}, "
+                "GemmTiles.wgmma needs mma=True, num_warps 4 or 8, block_n 16 * "
+                "num_warps (one 64-row tile a warpgroup) and num_stages 1, got "
+                f"mma={self.mma}, num_warps={self.num_warps}, block_n={self.block_n}, "
                 f"num_stages={self.num_stages}"
             )
             raise ValueError(msg)

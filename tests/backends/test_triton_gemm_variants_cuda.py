@@ -6,10 +6,13 @@ through ``tiles`` and are checked here against the oracle, with the bf16 and fp1
 equal to and above the half-chunk. Shape legend as in test_triton_cuda.py.
 """
 
+from typing import Any
+
 import attrs
 import pytest
 import torch
 
+import backends.triton._launch as launch
 from backends.triton import TritonW4A16Backend
 from backends.triton._fused import fused_moe
 from backends.triton._launch import mma_target, wgmma_target
@@ -140,10 +143,18 @@ VARIANTS = {
         w13=attrs.evolve(WGMMA, block_n=64, num_warps=4, split_k=2),
         w2=attrs.evolve(WGMMA, block_n=64, num_warps=4, split_k=3),
     ),
-    "wgmma-8x128x128-w4": MoETiles(
+    "wgmma-8x64x128-w4": MoETiles(
         block_m=8,
-        w13=attrs.evolve(WGMMA, num_warps=4),
-        w2=attrs.evolve(WGMMA, num_warps=4),
+        w13=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+        w2=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+    ),
+    "wgmma-64x64x128-w4": MoETiles(
+        block_m=64,
+        w13=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+        w2=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+    ),
+    "wgmma-64x128x128-w8-split2": MoETiles(
+        block_m=64, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)
     ),
     "words-swap-16x64x128-w13split2": attrs.evolve(
         _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
@@ -163,8 +174,11 @@ look-ahead copies run past every split's end. The last two split w13's K too (4 
 of the Gluon kernel's 2-step groups over 12 steps, 2 of the Triton word kernel's):
 float32 partials that ``launch_activate`` sums and activates. ``xshared``: the input
 through the ring too (``GemmTiles.x_shared``), in 8-, 16- and 32-row blocks (the
-8-row one and one 32-row one in 64-column tiles), with partial last splits (w2: 704 columns in 3 splits of
-2 steps) and a w13 split."""
+8-row one and one 32-row one in 64-column tiles), with partial last splits (w2: 704
+columns in 3 splits of 2 steps) and a w13 split. ``wgmma``: the warpgroup-MMA kernel
+(on Hopper; elsewhere these tiles run the ``mma.sync`` kernel), one 64-row tile a
+warpgroup: 32- and 64-row blocks on two warpgroups, 8-, 16- and 64-row blocks on one
+(16 with both K splits; 300 tokens give partial 64-row blocks)."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
@@ -188,11 +202,33 @@ MMA = VARIANTS["mma-16x64x128-split2"]
 WGMMA_TILES = VARIANTS["wgmma-32x128x128-w8-split2"]
 
 
-def test_wgmma_runs_on_hopper() -> None:
-    """The ``wgmma`` cases test the warpgroup kernel only where it runs: say which."""
-    x = torch.empty(1, device="cuda")
+@pytest.mark.parametrize("wait_each", [False, True], ids=["async", "sync"])
+def test_wgmma_tiles_run_the_warpgroup_kernel_on_hopper(
+    monkeypatch: pytest.MonkeyPatch, wait_each: bool
+) -> None:
+    """On an H100/H200 the ``wgmma`` cases run the warpgroup kernel, not the
+    ``mma.sync`` fallback (a spy on the Gluon launch records which), in both of its
+    forms: each MMA waited for (``WGMMA_ASYNC`` off) or overlapped; right either way."""
     hopper = torch.cuda.get_device_capability()[0] == 9
+    x = torch.empty(1, device="cuda")
     assert wgmma_target(x) == (hopper and mma_target(x))
+    if hopper:
+        assert wgmma_target(x), "an sm_90 GPU without the warpgroup kernel"
+    calls: list[bool] = []
+    real = launch._launch_gluon
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs["wgmma"])
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_launch_gluon", spy)
+    monkeypatch.setattr(launch, "WGMMA_ASYNC", not wait_each)
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=384)
+    check_fused(
+        config, SCHEMES[0], torch.bfloat16, 37, seed=8, path="gemm", drop=True,
+        tiles=WGMMA_TILES,
+    )  # fmt: skip
+    assert calls == ([hopper, hopper] if mma_target(x) else [])
 
 
 @pytest.mark.parametrize("tokens", [1, 37])
@@ -276,9 +312,10 @@ def test_mma_k_not_a_multiple_of_32(
     input through the ring and w2 (K = 328) falls back to registers."""
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=328)
     t = attrs.evolve(
-        MMA_RING, num_stages=stages, copy_steps=copy_steps, x_shared=x_shared,
-        wgmma=wgmma,
-    )  # fmt: skip
+        MMA_RING, num_stages=stages, copy_steps=copy_steps, x_shared=x_shared
+    )
+    if wgmma:  # one 64-row tile a warpgroup
+        t = attrs.evolve(t, block_n=64, wgmma=True)
     tiles = MoETiles(block_m=16, w13=t, w2=attrs.evolve(t, split_k=2))
     check_fused(
         config, scheme, torch.bfloat16, 21, seed=7, path="gemm", drop=True,

@@ -71,7 +71,12 @@ def test_gemm_tiles_wgmma_needs_mma_whole_warpgroups_and_registers() -> None:
     assert wgmma.wgmma
     with pytest.raises(ValueError, match=r"wgmma needs mma=True.* got mma=False"):
         attrs.evolve(wgmma, mma=False)
-    with pytest.raises(ValueError, match=r"multiple of 4 .* num_warps=2"):
-        attrs.evolve(wgmma, num_warps=2)
+    with pytest.raises(ValueError, match=r"num_warps 4 or 8.* num_warps=2"):
+        attrs.evolve(wgmma, num_warps=2, block_n=32)
+    with pytest.raises(ValueError, match=r"num_warps 4 or 8.* num_warps=12"):
+        attrs.evolve(wgmma, num_warps=12, block_n=192)
+    with pytest.raises(ValueError, match=r"16 \* num_warps .* block_n=128"):
+        attrs.evolve(wgmma, num_warps=4)  # two 64-row tiles a warpgroup spill
+    assert attrs.evolve(wgmma, num_warps=4, block_n=64).wgmma
     with pytest.raises(ValueError, match=r"num_stages 1, .* num_stages=3"):
         attrs.evolve(wgmma, num_stages=3)

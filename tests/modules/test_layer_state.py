@@ -1,6 +1,7 @@
 """Int4MoE's state (modules/layer_state.py): round trips, loads, to_empty, maps, checks."""
 
 import io
+import pickle
 from typing import Any
 
 import attrs
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from core.errors import (
+    DTypeError,
     NotLoadedError,
     ShapeError,
 )
@@ -18,7 +20,7 @@ from core.scheme import (
     INT4_SYM_G32,
     Int4Scheme,
 )
-from modules import Int4MoE
+from modules import Int4MoE, layer_state
 from tests.modules.int4_moe_cases import (
     CFG,
     _float_weights,
@@ -283,3 +285,25 @@ def test_a_reassigned_gate_of_another_shape_is_named(
         moe.gate_weight = nn.Parameter(torch.randn(shape), requires_grad=False)
         with pytest.raises(ShapeError, match=r"gate_weight must have shape \(8, 128\)"):
             moe(x)
+
+
+def test_layers_pickled_before_the_state_split_still_load(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pickles written before ``Int4MoEState`` existed name the load hooks in
+    ``modules.int4_moe``: they load, run, and their hooks still check a state."""
+    moe = _module(generator)
+    x = torch.randn(5, 128, generator=generator)
+    logits = torch.randn(5, 8, generator=generator)
+    expected = moe(x, router_logits=logits)
+    for hook in (layer_state._check_loaded_state, layer_state._invalidate_after_load):
+        monkeypatch.setattr(hook, "__module__", "modules.int4_moe")  # as they were
+    data = pickle.dumps(moe)  # a global reference by module and name
+    monkeypatch.undo()
+    assert b"modules.int4_moe" in data
+    loaded = pickle.loads(data)
+    torch.testing.assert_close(loaded(x, router_logits=logits), expected, **EXACT)
+    state = loaded.state_dict()
+    state["w13_qdata"] = state["w13_qdata"].to(torch.int32)
+    with pytest.raises(DTypeError, match="w13_qdata must be uint8"):
+        loaded.load_state_dict(state)
