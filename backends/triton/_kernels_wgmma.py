@@ -19,7 +19,8 @@ a thread and tile, so an expert with 17-32 pairs is read once instead of twice.
 
 Words and scales come one step ahead in registers (``_load_words``); the activation
 of the next step is loaded into registers during the step and stored into the other
-slot after its MMA. sm_90 only (``wgmma``); no interpreter.
+slot while the step's MMAs run (``ASYNC``; else after them), a CTA barrier ending each
+step. sm_90 only (``wgmma``); no interpreter.
 """
 
 from triton.experimental import gluon
