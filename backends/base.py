@@ -164,6 +164,35 @@ class PreparedExperts:
         """
         return dtype == self.dtype
 
+    def extra_bytes(self) -> int:
+        """Bytes this form holds beside its canonical weights: a backend's own copies.
+
+        The tensors among its attrs fields (and those of attrs objects in them) whose
+        storage is none of the canonical weights'; each storage counted once. 0 for a
+        backend that reads the canonical layout as it is.
+        """
+        canonical = {
+            t.untyped_storage().data_ptr() for t in self.weights.tensors().values()
+        }
+        seen: dict[int, int] = {}
+        for tensor in _field_tensors(self, depth=2):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in canonical:
+                seen[storage.data_ptr()] = storage.nbytes()
+        return sum(seen.values())
+
+
+def _field_tensors(obj: attrs.AttrsInstance, *, depth: int) -> list[torch.Tensor]:
+    """The tensors among ``obj``'s attrs fields, ``depth`` attrs objects deep."""
+    out: list[torch.Tensor] = []
+    for field in attrs.fields(type(obj)):
+        value = getattr(obj, field.name)
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif depth > 1 and attrs.has(type(value)) and field.name != "weights":
+            out += _field_tensors(value, depth=depth - 1)
+    return out
+
 
 P = TypeVar("P", bound=PreparedExperts)
 

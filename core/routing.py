@@ -10,7 +10,7 @@ import attrs
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigTypeError, DTypeError, ShapeError
+from core.errors import ConfigTypeError, DeviceError, DTypeError, ShapeError
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -161,8 +161,16 @@ def localize_routing(routing: Routing, expert_map_E: torch.Tensor) -> Routing:
 
     Args:
         routing: routing over global expert ids.
-        expert_map_E: integer ``(E_global,)``; local id or ``-1``.
+        expert_map_E: integer ``(E_global,)``; local id or ``-1``, on the ids' device.
+
+    Raises:
+        ConfigTypeError, DTypeError, ShapeError, DeviceError: for a map that is not a
+            1-D integer tensor on the ids' device. Its values are not read here (that
+            would synchronize a GPU): ``Int4MoE`` checks a map's values
+            (``check_expert_map``) when it is set, and routing through an unchecked map
+            with ids past its end or entries past the local experts is undefined.
     """
+    _check_map_form(expert_map_E, routing.topk_ids)
     ids = routing.topk_ids.long()
     local = torch.where(
         ids >= 0, expert_map_E[ids.clamp(min=0)], torch.full_like(ids, -1)
@@ -170,6 +178,32 @@ def localize_routing(routing: Routing, expert_map_E: torch.Tensor) -> Routing:
     return Routing(
         topk_weights=routing.topk_weights, topk_ids=local.to(routing.topk_ids.dtype)
     )
+
+
+def _check_map_form(expert_map_E: object, ids: torch.Tensor) -> None:
+    """``expert_map`` is a 1-D integer tensor on the ids' device (values unread)."""
+    if not isinstance(expert_map_E, torch.Tensor):
+        msg = f"expert_map must be a torch.Tensor, got {type(expert_map_E).__name__}"
+        raise ConfigTypeError(msg)
+    if (
+        expert_map_E.dtype.is_floating_point
+        or expert_map_E.dtype.is_complex
+        or (expert_map_E.dtype == torch.bool)
+    ):
+        msg = f"expert_map must have an integer dtype, got {expert_map_E.dtype}"
+        raise DTypeError(msg)
+    if expert_map_E.ndim != 1:
+        msg = (
+            "expert_map must be 1-D (num_experts,), got shape "
+            f"{tuple(expert_map_E.shape)}"
+        )
+        raise ShapeError(msg)
+    if expert_map_E.device != ids.device:
+        msg = (
+            f"expert_map must be on the topk_ids' device {ids.device}, got "
+            f"{expert_map_E.device}"
+        )
+        raise DeviceError(msg)
 
 
 def count_tokens_per_expert(

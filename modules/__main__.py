@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     demo.add_argument("--iters", type=_positive_int, default=10)
     demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(subparser=demo)  # its errors show its own usage line
     return parser
 
 
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_demo(options, sys.stdout)
     except BackendUnavailableError as err:  # refused before any expert is quantized
-        parser.error(f"argument --backend: {err}")
+        args.subparser.error(f"argument --backend: {err}")
     return 0
 
 

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigError, DTypeError, ShapeError
+from core.errors import ConfigError, DeviceError, DTypeError, ShapeError
 from core.formats import (
     Int4Projection,
     assemble_experts,
@@ -109,6 +109,7 @@ def load_experts(
     if quantization_config is not None:
         check_type("quantization_config", quantization_config, Mapping)
     fmt = to_checkpoint_format(format)
+    _check_load_device(device)
     src = open_source(source, device)
     if quantization_config is None:
         quantization_config = read_quantization_config(source)
@@ -271,6 +272,22 @@ def _assemble(
         else concat_rows("w13", role("gate"), role("up"))
     )
     return assemble_experts(w13, role("down"))
+
+
+def _check_load_device(device: torch.device | str) -> None:
+    """``device`` names a device tensors can be loaded onto (not ``meta``)."""
+    check_type("device", device, (str, torch.device))
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as err:
+        raise DeviceError(f"device must name a torch device, got {device!r}") from err
+    if kind == "meta":
+        msg = (
+            "device must hold the checkpoint's values (cpu, cuda, xpu, ...), got meta: "
+            "load onto a real device, or build Int4MoE(..., device='meta') and load "
+            "its state later"
+        )
+        raise DeviceError(msg)
 
 
 def _check_sizes(weights: QuantizedExpertWeights, config: MoEConfig) -> None:

@@ -65,6 +65,11 @@ def _shard_map(path: Path) -> dict[str, Path]:
         files = sorted(path.glob("*.safetensors"))
     else:
         files = []
+    if not path.exists():
+        raise ConfigError(
+            f"source must be a .safetensors file or a folder of them, got {path}, "
+            "which does not exist"
+        )
     if not files:
         raise ConfigError(
             f"source must be a .safetensors file or a folder of them, got {path}"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from core.config import MoEConfig
-from core.errors import ConfigTypeError, DTypeError, ShapeError
+from core.errors import ConfigTypeError, DeviceError, DTypeError, ShapeError
 from core.routing import (
     Routing,
     count_tokens_per_expert,
@@ -111,6 +111,34 @@ def test_localize_routing() -> None:
     local = localize_routing(routing, expert_map)
     assert local.topk_ids.tolist() == [[-1, 1], [-1, 0]]
     assert local.topk_ids.dtype == routing.topk_ids.dtype
+
+
+@pytest.mark.parametrize(
+    ("expert_map", "error", "words"),
+    [
+        (
+            torch.tensor([0.7, 1.9, 2.5, -0.5]),
+            DTypeError,
+            "integer dtype, got torch.float32",
+        ),
+        (torch.tensor([True, False, True, True]), DTypeError, "got torch.bool"),
+        (torch.tensor([[0, 1], [2, 3]]), ShapeError, r"1-D .* got shape \(2, 2\)"),
+        ([0, 1, 2, 3], ConfigTypeError, "torch.Tensor, got list"),
+        (
+            torch.tensor([0, 1, 2, 3], device="meta"),
+            DeviceError,
+            "device cpu, got meta",
+        ),
+    ],
+    ids=["float", "bool", "2-d", "list", "device"],
+)
+def test_localize_routing_refuses_a_map_of_the_wrong_form(
+    expert_map: object, error: type[Exception], words: str
+) -> None:
+    """A float map once rounded global expert 3 to local 0, silently."""
+    routing = Routing(topk_weights=torch.ones(1, 2), topk_ids=torch.tensor([[3, 2]]))
+    with pytest.raises(error, match=words):
+        localize_routing(routing, expert_map)  # type: ignore[arg-type]
 
 
 def test_count_and_sort_tokens_by_expert() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DeviceError
 from core.formats import quantization_config
 from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
 from modules.checkpoint import load_experts
@@ -178,3 +178,32 @@ def test_folder_without_index_refuses_a_tensor_held_twice(
         r"model-00001-of-00002\.safetensors",
     ):
         load_experts(tmp_path, prefix=PREFIX, config=CFG)
+
+
+def test_a_missing_path_is_named_as_missing(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"got .*nowhere\.safetensors, which does not exist"
+    ):
+        load_experts(tmp_path / "nowhere.safetensors", prefix=PREFIX, config=CFG)
+
+
+@pytest.mark.parametrize("as_files", [True, False], ids=["files", "state-dict"])
+def test_loading_onto_the_meta_device_is_refused_up_front(
+    as_files: bool, generator: torch.Generator, tmp_path: Path
+) -> None:
+    """Before: safetensors' bare ``device meta is invalid`` for files, torch's ``Cannot
+    copy out of meta tensor`` for a state dict."""
+    state = gptq_state(quantized_weights(generator, INT4_SYM_G32), v1=False)
+    save_file(state, str(tmp_path / "m.safetensors"))
+    source: Path | dict[str, torch.Tensor] = tmp_path if as_files else state
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}
+    with pytest.raises(DeviceError, match="device must hold the checkpoint's values"):
+        load_experts(
+            source, prefix=PREFIX, config=CFG, quantization_config=config,
+            device="meta",
+        )  # fmt: skip
+    with pytest.raises(DeviceError, match="must name a torch device, got 'gpu0'"):
+        load_experts(
+            source, prefix=PREFIX, config=CFG, quantization_config=config,
+            device="gpu0",
+        )  # fmt: skip

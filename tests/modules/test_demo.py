@@ -82,7 +82,24 @@ def test_demo_numbers(generator: torch.Generator) -> None:
     assert result["bf16_bytes"] == params * 2
     # packed codes + one bf16 scale and one uint8 zero point per group of 128
     assert result["int4_bytes"] == params // 2 + params // 128 * (2 + 1)
+    # cpu-int4's own copy: torch's packed codes and a bf16 (scale, zero) per group
+    assert result["backend_extra_bytes"] == params // 2 + params // 128 * 2 * 2
     assert float(result["ms_per_call"]) > 0
+
+
+def test_the_memory_line_counts_the_backends_own_copy() -> None:
+    """What the layer holds: the int4 buffers plus what the backend keeps beside them."""
+    stream = io.StringIO()
+    result = run_demo(_options(backend="cpu-int4", dtype=torch.bfloat16), stream)
+    gib = 1024**3
+    int4, extra = float(result["int4_bytes"]), float(result["backend_extra_bytes"])
+    bf16 = float(result["bf16_bytes"])
+    assert extra > 0
+    assert (
+        f"memory     int4 {int4 / gib:.3f} GiB + {extra / gib:.3f} GiB cpu-int4's own "
+        f"copy = {(int4 + extra) / gib:.3f} GiB vs bf16 {bf16 / gib:.3f} GiB "
+        f"({bf16 / (int4 + extra):.2f}x smaller)" in stream.getvalue()
+    )
 
 
 def test_parse_scheme() -> None:
@@ -172,6 +189,9 @@ def test_demo_refuses_a_backend_before_quantizing(
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert re.search(message, captured.err)
+    assert captured.err.startswith(
+        "usage: int4-moe demo "
+    )  # demo's, as for other errors
     assert "quantiz" not in captured.out
 
 
@@ -204,6 +224,7 @@ def test_demo_report_shows_its_numbers_and_the_oracle_is_the_layers_routing() ->
     )
     ratio = float(result["bf16_bytes"]) / float(result["int4_bytes"])
     assert ratio > 3
+    assert result["backend_extra_bytes"] == 0  # reference reads the int4 buffers
     assert f"({ratio:.2f}x smaller)" in report
 
 
