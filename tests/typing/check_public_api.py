@@ -85,6 +85,7 @@ def check_backends(q: QuantizedExpertWeights) -> None:
     reference = create_backend("reference")
     assert isinstance(reference, MoEBackend)  # a runtime-checkable Protocol
     prepared = reference.prepare(q, cfg, dtype=torch.float32)
+    assert_type(prepared.extra_bytes(), int)
     assert_type(
         check_prepared(prepared, ReferencePrepared, "reference"), ReferencePrepared
     )
