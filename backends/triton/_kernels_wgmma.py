@@ -60,13 +60,13 @@ def _wgmma_layout(block_m, warps):
 
 
 @gluon.constexpr_function
-def _x_load_layout(block_m, warps):
+def _x_load_layout(warps):
     """A step's activation ``(block_m, 128)`` as loaded: 16 bytes a thread, K fastest."""
     return gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
 
 
 @gluon.constexpr_function
-def _x_shared_layout(block_m):
+def _x_shared_layout():
     """The shared slots of the activation ``(block_m, 128)``: K-major, 128-byte swizzle."""
     return gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False
@@ -189,7 +189,7 @@ def _moe_gemm_wgmma_kernel(
     W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
     ACC_LAYOUT: gl.constexpr = _wgmma_layout(BLOCK_M, WARPS)
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
-    X_LAYOUT: gl.constexpr = _x_load_layout(BLOCK_M, WARPS)
+    X_LAYOUT: gl.constexpr = _x_load_layout(WARPS)
     pid_b, pid_n, pid_s = _program_ids(N, BLOCK_N)
     e = gl.load(block_expert_ptr + pid_b)
     if e < expert_lo or e >= expert_hi:  # unused block (-1), or not in this chunk
@@ -211,7 +211,7 @@ def _moe_gemm_wgmma_kernel(
         w_e, s_e, z_e, rows, row_mask, kw, rows_c, n_mask, k_end, k_end // 8,
         stride_wn,
     )  # fmt: skip
-    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_shared_layout(BLOCK_M))
+    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_shared_layout())
     x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
     _stage(slots.index(0), x, CT, BLOCK_M)
     _cta_barrier()
