@@ -242,6 +242,16 @@ WGMMA_TILES = (
         w2=attrs.evolve(WGMMA, block_n=64, num_warps=4),
     ),
 )
+REGISTERS = GemmTiles(
+    block_n=128, block_k=128, num_warps=4, num_stages=1, swap_ab=True,
+    int4_words=True, mma=True,
+)  # fmt: skip
+"""The ``mma.sync`` kernel without a ring (``num_stages`` 1: the words one step ahead in
+registers), which the table does not take: its prologue allocates nothing, a form
+Triton 3.6 once failed to compile (a helper returning ``None``) while 3.7 did."""
+REGISTER_TILES = MoETiles(
+    block_m=8, w13=REGISTERS, w2=attrs.evolve(REGISTERS, split_k=2)
+)
 MODEL_TOKENS = (1, 4, 16, 64, 300)
 CASES = (
     Case(8, 2, 4096, 14336, (*MODEL_TOKENS, 2048)),  # Mixtral-8x7B; 2048: dequant
@@ -266,6 +276,7 @@ CASES = (
     Case(128, 8, 2048, 768, (1, 16), int4=False, dtype=torch.float16),
     Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[0]),
     Case(16, 1, 512, 256, (300,), asym=True, dtype=torch.float16, tiles=WGMMA_TILES[1]),
+    Case(16, 4, 1536, 704, (5,), group=-1, asym=True, tiles=REGISTER_TILES),
 )
 QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10, 12))  # every kernel, fewer forms
 ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the most

@@ -24,7 +24,10 @@ and w2 split 2-8 ways, odd splits included, for the waves of few busy experts;
 blocks (32 and 64 where the table's blocks are larger) of 64 x 128 on 4 warps and
 128 x 128 on 8, w13 unsplit, the w2 split as
 the table's and halved; ``WGMMA_SYNC=1``: each MMA waited for before the next
-dequantization);
+dequantization); ``PROBE_SET=17``: the warpgroup kernel in 16- and 32-row blocks of
+64 x 128 on 4 warps and 128 x 128 on 8, each async and sync (a key ending in
+``sync``) in the same process, the w2 split as the table's; ``PROBE_ROUTES=n``: each
+model and M on n routing draws;
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output
 checked against the float32 reference first; ms and multiples of the floor.
@@ -39,13 +42,14 @@ evolved: in probe_mma1 and probe_mma2 the table's decode row was still the Trito
 GEMM; from probe_mma3 on it is the Gluon kernel (so ``table gemm`` is the Gluon kernel).
 """
 
-# ruff: noqa: B023, D103, T201
-# A GPU script, not library code: print is its output; each lambda is timed in its loop step.
+# ruff: noqa: D103, T201
+# A GPU script, not library code: print is its output.
 
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -153,6 +157,44 @@ def ncu() -> None:
         torch.cuda.empty_cache()
 
 
+def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None:
+    """Time every variant of one model and M on one routing draw (``tag`` its label)."""
+    import backends.triton._launch as launch
+
+    e, k, d, f = MODELS[name]
+    cfg, q, w13, w2 = layer
+    x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+    r = route(m, e, k)
+    active = int(torch.unique(r.topk_ids).numel())
+    fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
+    ref = moe_forward_reference(x, q, r, cfg)
+    default = pick_tiles(m * k, w13, w2)
+    always_sync = os.environ.get("WGMMA_SYNC") == "1"  # PROBE_SET=16
+    for key, tiles in variants(default).items():
+
+        def run(
+            t: MoETiles | None = tiles, *, sync: bool = key.endswith(" sync")
+        ) -> torch.Tensor:
+            launch.WGMMA_ASYNC = not (sync or always_sync)  # read when launched
+            return fused_moe(
+                x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
+            )  # fmt: skip
+
+        try:
+            err = rel_err(ref, run())
+            replay = m <= 64 or os.environ.get("PROBE_GRAPH") == "1"
+            ms = time_graph(run) if replay else time_eager(run)
+        except Exception as exc:  # a variant may not compile
+            print(f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400])
+            continue
+        ratio = f"{ms / fl:.2f}x" if ms else "-"
+        print(
+            f"{name:15s} M={m:4d}{tag} {key:28s} {ms if ms else float('nan'):8.4f} ms"
+            f" {ratio:>7s} err {err:.1e}",
+            flush=True,
+        )
+
+
 def main() -> None:
     if sys.argv[1:2] == ["host"]:
         host("qwen3-30b-a3b", 64)
@@ -163,51 +205,18 @@ def main() -> None:
     if sys.argv[1:2] == ["ncu"]:
         ncu()
         return
-    if os.environ.get("WGMMA_SYNC") == "1":  # PROBE_SET=16: each MMA waited for
-        import backends.triton._launch as launch
-
-        launch.WGMMA_ASYNC = False
     only = sys.argv[1:] or list(MODELS)
     ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
+    draws = int(os.environ.get("PROBE_ROUTES", "1"))  # routing draws a cell
     torch.manual_seed(0)
     bw = copy_bandwidth()
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
     for name in only:
-        e, k, d, f = MODELS[name]
-        cfg, q, w13, w2 = int4_layer(name)
+        layer = int4_layer(name)
         for m in ms_list:
-            x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
-            r = route(m, e, k)
-            active = int(torch.unique(r.topk_ids).numel())
-            fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
-            ref = moe_forward_reference(x, q, r, cfg)
-            default = pick_tiles(m * k, w13, w2)
-            fns: dict[str, Callable[[], torch.Tensor]] = {}
-            for key, tiles in variants(default).items():
-
-                def run(t: MoETiles | None = tiles) -> torch.Tensor:
-                    return fused_moe(
-                        x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
-                    )  # fmt: skip
-
-                fns[key] = run
-            for key, fn in fns.items():
-                try:
-                    err = rel_err(ref, fn())
-                    replay = m <= 64 or os.environ.get("PROBE_GRAPH") == "1"
-                    ms = time_graph(fn) if replay else time_eager(fn)
-                except Exception as exc:  # a variant may not compile
-                    print(
-                        f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400]
-                    )
-                    continue
-                ratio = f"{ms / fl:.2f}x" if ms else "-"
-                print(
-                    f"{name:15s} M={m:4d} {key:28s} {ms if ms else float('nan'):8.4f} ms"
-                    f" {ratio:>7s} err {err:.1e}",
-                    flush=True,
-                )
-        del q
+            for i in range(draws):
+                cell(name, m, layer, bw, f" r{i}" if draws > 1 else "")
+        del layer
         torch.cuda.empty_cache()
 
 

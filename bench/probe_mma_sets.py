@@ -92,6 +92,28 @@ def _set_16(
     return out
 
 
+def _set_17(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=17`` (the module docstring)."""
+    for bm in (16, 32):
+        for bn, warps in ((64, 4), (128, 8)):
+            form = attrs.evolve(
+                MMA_TILES, block_n=bn, num_warps=warps, num_stages=1,
+                copy_steps=1, wgmma=True,
+            )  # fmt: skip
+            tiles = MoETiles(
+                block_m=bm,
+                w13=attrs.evolve(form, split_k=1),
+                w2=attrs.evolve(form, split_k=default.w2.split_k),
+                pdl=default.pdl,
+            )
+            out[f"wgmma bm{bm} {bn} w{warps}"] = tiles
+            out[f"wgmma bm{bm} {bn} w{warps} sync"] = tiles
+    out["table gemm again"] = default
+    return out
+
+
 def _set_15(
     default: MoETiles, out: dict[str, MoETiles | None]
 ) -> dict[str, MoETiles | None]:
@@ -303,6 +325,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "17": _set_17,
     "16": _set_16,
     "15": _set_15,
     "14": _set_14,

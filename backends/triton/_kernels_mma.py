@@ -161,10 +161,12 @@ def _moe_gemm_mma_kernel(
             a_ptr, sorted_ptr + pid_b * BLOCK_M, n_rows, stride_am, A_DIV, BLOCK_M,
             WARPS,
         )  # fmt: skip
-    rings = _ring_prologue(
-        w, copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS, X_SHARED,
-        a_ptr.dtype.element_ty,
-    )  # fmt: skip
+    rings = (None, None, None)  # without a ring (STAGES 1) nothing is allocated
+    if STAGES > 1:  # here, not in the helper: Triton 3.6 cannot return None from one
+        rings = _ring_prologue(
+            w, copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS,
+            X_SHARED, a_ptr.dtype.element_ty,
+        )  # fmt: skip
     x = _first_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end, X_SHARED)
     cur = _first_step(
         w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, STAGES > 1
@@ -242,27 +244,23 @@ def _ring_prologue(
 ):  # fmt: skip
     """``(ring, ring_up, x_ring)``, the first ``STAGES - 1`` copy groups in flight.
 
-    Without a ring (``STAGES`` 1) nothing is allocated: ``None`` three times.
+    Called only with ``STAGES`` > 1; without a ring the caller passes ``None`` thrice.
     """
-    ring = None
-    ring_up = None
-    x_ring = None
-    if STAGES > 1:
-        w_e, _, _, rows, row_mask, kw, _, _, k_end, w_end, stride_wn = w
-        x_base, x_cmask, x_col = copies
-        SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        SLOTS: gl.constexpr = STAGES * COPY_STEPS
-        ring = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
-        ring_up = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
-        x_ring = ring  # unused without X_SHARED
-        if X_SHARED:
-            x_ring = gl.allocate_shared_memory(XT, [SLOTS, 4 * BLOCK_M, 32], SMEM)
-        for i in gl.static_range(STAGES - 1):
-            _copy_step(
-                ring, ring_up, x_ring, i, w_e, rows, row_mask, kw, k_start, w_end,
-                stride_wn, N, x_base, x_cmask, x_col, k_end, GATED, STAGES, COPY_STEPS,
-                X_SHARED,
-            )  # fmt: skip
+    w_e, _, _, rows, row_mask, kw, _, _, k_end, w_end, stride_wn = w
+    x_base, x_cmask, x_col = copies
+    SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    SLOTS: gl.constexpr = STAGES * COPY_STEPS
+    ring = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
+    ring_up = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
+    x_ring = ring  # unused without X_SHARED
+    if X_SHARED:
+        x_ring = gl.allocate_shared_memory(XT, [SLOTS, 4 * BLOCK_M, 32], SMEM)
+    for i in gl.static_range(STAGES - 1):
+        _copy_step(
+            ring, ring_up, x_ring, i, w_e, rows, row_mask, kw, k_start, w_end,
+            stride_wn, N, x_base, x_cmask, x_col, k_end, GATED, STAGES, COPY_STEPS,
+            X_SHARED,
+        )  # fmt: skip
     return ring, ring_up, x_ring
 
 
