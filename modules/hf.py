@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from core.errors import ConfigError
-from core.scheme import INT4_SYM_G32, Int4Scheme
+from core.scheme import Int4Scheme
 from modules.checkpoint import Source
 from modules.hf_block import (
     ROUTER_NAMES,
@@ -90,7 +90,7 @@ def _check_block(name: str, block: nn.Module) -> None:
 def replace_moe_blocks(
     model: nn.Module,
     *,
-    scheme: Int4Scheme = INT4_SYM_G32,
+    scheme: Int4Scheme | None = None,
     backend: str = "auto",
     routing: RoutingMode = "model",
     checkpoint: Source | None = None,
@@ -110,7 +110,9 @@ def replace_moe_blocks(
     Args:
         model: a loaded model, e.g. ``MixtralForCausalLM``; its ``config`` describes
             the MoE layers.
-        scheme: int4 scheme when quantizing float weights.
+        scheme: int4 scheme when quantizing float weights (default
+            ``INT4_SYM_G32``); with ``checkpoint``, the scheme its experts must
+            have (default: whichever they have).
         backend: Int4MoE backend name or `auto`.
         routing: see :class:`Int4SparseMoeBlock`.
         checkpoint: optional int4 checkpoint (file, folder or state dict).
@@ -124,7 +126,8 @@ def replace_moe_blocks(
             outside ``ROUTED_FAMILIES``, a config without MoE layers or a model
             without blocks of the layout, a checkpoint without the block's experts
             (naming each prefix tried and why it failed), or a block whose forward
-            does more than ``Int4SparseMoeBlock`` reproduces.
+            does more than ``Int4SparseMoeBlock`` reproduces, or a checkpoint whose
+            experts are not of ``scheme`` when one is given.
     """
     hf_config = getattr(model, "config", None)
     if hf_config is None:

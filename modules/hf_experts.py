@@ -12,7 +12,7 @@ from torch import nn
 
 from core.config import MoEConfig
 from core.errors import ConfigError, DeviceError
-from core.scheme import Int4Scheme
+from core.scheme import INT4_SYM_G32, Int4Scheme
 from modules.checkpoint import LoadedExperts, Source, checkpoint_names, load_experts
 from modules.hf_block import ROUTER_NAMES
 from modules.hf_checks import param
@@ -63,19 +63,21 @@ def build_int4_experts(
     config: MoEConfig,
     *,
     model_type: str,
-    scheme: Int4Scheme,
+    scheme: Int4Scheme | None,
     backend: str,
     checkpoint: Source | None,
     quantization_config: Mapping[str, object] | None,
 ) -> Int4MoE:
     """The int4 experts of block ``name``, with its router's correction bias if any.
 
-    Quantized with ``scheme`` from the block's float experts or, with
-    ``checkpoint``, loaded from it where the block's float experts are.
+    Quantized with ``scheme`` (``None``: ``INT4_SYM_G32``) from the block's float
+    experts or, with ``checkpoint``, loaded from it where the block's float experts
+    are (and checked to be of ``scheme`` unless it is ``None``).
 
     Raises:
         ConfigError: for float experts outside the canonical layout, gpt-oss from a
-            checkpoint, or a checkpoint without the block's experts.
+            checkpoint, a checkpoint without the block's experts or with experts of
+            another scheme than ``scheme``.
         DeviceError: for a checkpoint into a block whose float experts are on meta.
     """
     router = next(getattr(block, r) for r in ROUTER_NAMES if hasattr(block, r))
@@ -98,7 +100,7 @@ def build_int4_experts(
             w13_bias=w13_bias,
             w2_bias=w2_bias,
             config=config,
-            scheme=scheme,
+            scheme=INT4_SYM_G32 if scheme is None else scheme,
             backend=backend,
             e_score_correction_bias=bias,
             dtype=w13.dtype,
@@ -122,6 +124,12 @@ def build_int4_experts(
         quantization_config=quantization_config,
         device=device,
     )
+    if scheme is not None and loaded.weights.scheme != scheme:
+        raise ConfigError(
+            f"the checkpoint's experts of MoE block {name!r} must be of scheme="
+            f"{scheme.name} as asked, got {loaded.weights.scheme.name} (leave scheme "
+            "unset to take the checkpoint's)"
+        )
     return Int4MoE.from_quantized(
         loaded.weights, config=config, backend=backend, e_score_correction_bias=bias
     )

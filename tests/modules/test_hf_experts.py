@@ -13,7 +13,7 @@ import torch
 
 from core.errors import ConfigError, DeviceError
 from core.formats import export_expert_weights
-from core.scheme import INT4_ASYM_G32
+from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
 from modules import Int4MoE
 from modules.hf import replace_moe_blocks
 from modules.hf_block import Int4SparseMoeBlock
@@ -64,6 +64,34 @@ def test_blocks_from_an_int4_checkpoint(name: str, generator: torch.Generator) -
     replace_moe_blocks(loaded, backend="reference", checkpoint=state)
     ids = torch.randint(0, 64, (2, 7), generator=generator)
     torch.testing.assert_close(_logits(loaded, ids), _logits(quantized, ids), **EXACT)
+
+
+def test_a_checkpoint_of_another_scheme_than_asked_replaces_none() -> None:
+    """``scheme`` with ``checkpoint`` is the scheme its experts must have: asked for
+    sym g32 of an asym g32 checkpoint, every block is left as it was (it was ignored
+    before); asked for the checkpoint's own, or not at all, it loads."""
+    original = _build("qwen3_moe")
+    quantized = copy.deepcopy(original)
+    names = replace_moe_blocks(quantized, scheme=INT4_ASYM_G32, backend="reference")
+    state: dict[str, torch.Tensor] = {}
+    for block in names:
+        int4 = quantized.get_submodule(f"{block}.experts")
+        assert isinstance(int4, Int4MoE)
+        state |= export_expert_weights(int4.weights, prefix=f"{block}.experts")
+    model = copy.deepcopy(original)
+    with pytest.raises(
+        ConfigError,
+        match=r"experts of MoE block 'model.layers.0.mlp' must be of scheme="
+        r"int4_sym_g32 as asked, got int4_asym_g32",
+    ):
+        replace_moe_blocks(model, scheme=INT4_SYM_G32, checkpoint=state)
+    _assert_left_alone(model)
+    replace_moe_blocks(
+        model, scheme=INT4_ASYM_G32, backend="reference", checkpoint=state
+    )
+    int4 = model.get_submodule(f"{names[0]}.experts")
+    assert isinstance(int4, Int4MoE)
+    assert int4.scheme == INT4_ASYM_G32
 
 
 def test_checkpoint_without_the_block_names_each_prefix_tried() -> None:
