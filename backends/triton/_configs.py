@@ -12,7 +12,7 @@ from typing import Final
 
 import attrs
 
-from backends.triton._configs_mma import mma_tiles
+from backends.triton._configs_mma import WGMMA_LARGE_EXPERT, mma_tiles, wgmma_tiles
 from backends.triton._tiles import (
     NUM_SMS_H200 as NUM_SMS_H200,
     GemmTiles,
@@ -259,6 +259,7 @@ def choose_tiles(
     intermediate_size: int,
     sixteen_bit: bool = False,
     mma: bool = False,
+    wgmma: bool = False,
 ) -> MoETiles:
     """Tiles for one forward; pure over the (host-known) sizes, so cached per sizes.
 
@@ -266,7 +267,8 @@ def choose_tiles(
     path's scratch) and take ``sixteen_bit_tiles``; int4 weights take
     ``int4_tiles``. ``mma``: the Gluon MMA kernel can run (``GemmTiles.mma``: a CUDA
     sm_80+ device and weights of whole int32 words), so the int4 decode row takes
-    ``MMA_TILES``.
+    ``MMA_TILES``; ``wgmma``: the warpgroup kernel runs too (Hopper), so
+    ``int4_tiles`` takes ``wgmma_tiles`` where they were faster.
     """
     per_expert = -(-num_pairs // num_experts)
     if sixteen_bit:
@@ -274,8 +276,9 @@ def choose_tiles(
             num_pairs, num_experts, per_expert, hidden_size, intermediate_size
         )
     return int4_tiles(
-        num_pairs, num_experts, per_expert, hidden_size, intermediate_size, mma=mma
-    )
+        num_pairs, num_experts, per_expert, hidden_size, intermediate_size,
+        mma=mma, wgmma=mma and wgmma,
+    )  # fmt: skip
 
 
 INT4_FEW_PER_EXPERT: Final = 16
@@ -293,6 +296,7 @@ def int4_tiles(
     inter: int,
     *,
     mma: bool = False,
+    wgmma: bool = False,
 ) -> MoETiles:
     """The in-register int4 GEMM; the dequantized tile is the dot's register operand.
 
@@ -336,10 +340,19 @@ def int4_tiles(
     Qwen3-235B M = 256 0.73 vs 0.81, DeepSeek-V3 M = 256 2.67 vs 2.79 (the word
     GEMM: 0.52, 0.88, 3.27). In 8-row blocks the ring was 1-4% faster than the
     registers' 16-byte loads but slower than their 8-byte ones of probe_mma3.
+
+    With ``wgmma`` (Hopper) the warpgroup kernel's ``wgmma_tiles`` take the sizes
+    between (past ``INT4_FEW_PER_EXPERT`` pairs per expert; the dequant path takes
+    prefill from ``DEQUANT_PAIRS_PER_EXPERT``) and, for experts of at least
+    ``WGMMA_LARGE_EXPERT``, the decode row past 8 pairs per expert.
     """
+    if wgmma and per_expert > INT4_FEW_PER_EXPERT:
+        return wgmma_tiles(split=1, pdl=False)
     if per_expert <= INT4_FEW_PER_EXPERT:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
+        if wgmma and per_expert > 8 and hidden * inter >= WGMMA_LARGE_EXPERT:
+            return wgmma_tiles(split=split, pdl=True)
         if mma:
             return mma_tiles(
                 num_pairs, num_experts, per_expert, hidden, inter, split=split

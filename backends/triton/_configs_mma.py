@@ -18,6 +18,20 @@ MMA_TILES: Final = GemmTiles(
 )  # fmt: skip
 """The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``), 8-row
 blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
+WGMMA_TILES: Final = GemmTiles(
+    block_n=64, block_k=128, num_warps=4, num_stages=1, swap_ab=True,
+    int4_words=True, mma=True, wgmma=True,
+)  # fmt: skip
+"""The warpgroup-MMA kernel's tiles (Hopper, ``wgmma_runs``), in ``WGMMA_BLOCK``-row
+blocks: past ``INT4_FEW_PER_EXPERT`` pairs per expert for every expert size, and
+past 8 for experts of at least ``WGMMA_LARGE_EXPERT`` (``wgmma_tiles``)."""
+WGMMA_BLOCK: Final = 32
+WGMMA_LARGE_EXPERT: Final = 1 << 25
+"""``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the warpgroup kernel
+also takes 9-16 pairs per expert: Mixtral M = 64 on three routing draws 0.435-0.437 ms
+against the table's 0.534, 0.440, 0.436 (H100); smaller experts lost there
+(Qwen3-235B M = 256 0.793 vs 0.690, Qwen3-30B-A3B 0.231 vs 0.205, DeepSeek-V3 M = 512
+3.84 vs 3.77; bench/sweeps/probe_mma17_wgmma_h100.log)."""
 MMA_SMALL_BLOCK: Final = 8
 """Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
 ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);
@@ -140,4 +154,20 @@ def mma_tiles(
         w13=attrs.evolve(form, split_k=split13),
         w2=attrs.evolve(form, split_k=split),
         pdl=True,
+    )
+
+
+def wgmma_tiles(*, split: int, pdl: bool) -> MoETiles:
+    """``WGMMA_TILES`` in ``WGMMA_BLOCK``-row blocks, w13 unsplit, w2 ``split`` ways.
+
+    Measured against the table on an H100 (graph replay at M <= 64, eager above, ms,
+    bench/sweeps/probe_mma17_wgmma_h100.log): Mixtral M = 128, 256, 512 0.624, 0.898,
+    1.594 vs 0.774, 1.036, 1.774; Qwen3-235B M = 512 1.028 vs 1.218; Qwen3-30B-A3B
+    M = 512 0.309 vs 0.368; DeepSeek-V3 M = 1024 5.16 vs 5.32.
+    """
+    return MoETiles(
+        block_m=WGMMA_BLOCK,
+        w13=WGMMA_TILES,
+        w2=attrs.evolve(WGMMA_TILES, split_k=split),
+        pdl=pdl,
     )

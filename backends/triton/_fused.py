@@ -44,6 +44,7 @@ from backends.triton._launch import (
     mma_target,
     permute_k,
     permuted_width,
+    wgmma_target,
 )
 from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._launch_gemv import launch_gemv
@@ -120,7 +121,8 @@ def pick_tiles(
 
     The GEMMs read 16-bit weights for triton-emulation and on the ``dequant`` path.
     The int4 decode row takes the Gluon MMA kernel where it runs (``mma_target``)
-    on weights of whole int32 words (``int4_words_fit``).
+    on weights of whole int32 words (``int4_words_fit``), and on Hopper
+    (``wgmma_target``) the warpgroup kernel where the table gives it sizes.
     """
     if is_interpreting():
         return configs.INTERPRETER
@@ -132,6 +134,7 @@ def pick_tiles(
         intermediate_size=int(w13.data.shape[1]) // 2,
         sixteen_bit=sixteen_bit,
         mma=not sixteen_bit and mma_runs(w13, w2),
+        wgmma=wgmma_target(w13.data),
     )
 
 

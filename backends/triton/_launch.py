@@ -343,9 +343,13 @@ def _check_split_rows(out: torch.Tensor, split: int, n: int, perm_out: int) -> N
         raise ValueError(msg)
 
 
-WGMMA_ASYNC = True
-"""The warpgroup kernel's gated step starts the gate rows' MMA before dequantizing the
-up rows (``ASYNC``); ``False`` waits for each MMA before the next dequantization."""
+WGMMA_ASYNC = False
+"""``True``: the warpgroup kernel's gated step starts the gate rows' MMA before
+dequantizing the up rows (``ASYNC``); ``False`` (the table's form) waits for each MMA
+before the next dequantization, which was faster in 64 x 128 tiles of 4 warps, the
+table's (``WGMMA_TILES``): Mixtral M = 256 0.898 vs 1.066 ms on an H100
+(bench/sweeps/probe_mma17_wgmma_h100.log); the 8-warp 128 x 128 tiles ran faster
+overlapped (1.011 vs 1.160) but slower than those."""
 
 MMA_BLOCK_M = (8, 16, 32)
 """Row blocks (tokens of the MMA's N) the Gluon kernel takes (``GemmTiles.mma``)."""

@@ -109,3 +109,58 @@ def test_mma_w13_split_for_long_or_few_programs() -> None:
     assert tiles(512, deepseek).w13.split_k == 1  # 16 per expert: 16-row blocks
     assert [tiles(m, qwen235).w13.split_k for m in (4, 16, 64)] == [2, 1, 1]
     assert [tiles(m, qwen30).w13.split_k for m in (4, 16, 64)] == [1, 1, 1]
+
+
+def _with(
+    mma: bool, wgmma: bool, pairs: int, experts: int, hidden: int, inter: int
+) -> MoETiles:
+    return configs.choose_tiles(
+        num_pairs=pairs, num_experts=experts, hidden_size=hidden,
+        intermediate_size=inter, mma=mma, wgmma=wgmma,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pairs", "experts", "hidden", "inter", "split", "pdl"),
+    [
+        (128, 8, 4096, 14336, 1, True),  # Mixtral M = 64: 16 a large expert
+        (256, 8, 4096, 14336, 1, False),  # Mixtral M = 128: 32
+        (1024, 8, 4096, 14336, 1, False),  # Mixtral M = 512: 128
+        (4096, 128, 4096, 1536, 1, False),  # Qwen3-235B M = 512: 32
+        (8192, 256, 7168, 2048, 1, False),  # DeepSeek-V3 M = 1024: 32
+    ],
+)
+def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
+    pairs: int, experts: int, hidden: int, inter: int, split: int, pdl: bool
+) -> None:
+    """``wgmma``: 32-row blocks of ``WGMMA_TILES`` past 16 pairs per expert, and past 8
+    for experts of at least ``WGMMA_LARGE_EXPERT``; the w2 split and PDL of the row
+    they replace (decode: the table's split, with PDL; prefill: unsplit, without)."""
+    got = _with(True, True, pairs, experts, hidden, inter)
+    assert got.block_m == mma_configs.WGMMA_BLOCK == 32
+    assert got.w13 == mma_configs.WGMMA_TILES
+    assert got.w13.wgmma
+    assert got.w2 == attrs.evolve(mma_configs.WGMMA_TILES, split_k=split)
+    assert got.pdl is pdl
+    # the same sizes without Hopper (or without the Gluon kernel): no warpgroup tiles
+    assert not _with(True, False, pairs, experts, hidden, inter).w13.wgmma
+    assert not _with(False, True, pairs, experts, hidden, inter).w13.wgmma
+
+
+@pytest.mark.parametrize(
+    ("pairs", "experts", "hidden", "inter"),
+    [
+        (64, 8, 4096, 14336),  # Mixtral M = 32: 8 a large expert
+        (2048, 128, 4096, 1536),  # Qwen3-235B M = 256: 16 a small expert
+        (2048, 128, 2048, 768),  # Qwen3-30B-A3B M = 256
+        (4096, 256, 7168, 2048),  # DeepSeek-V3 M = 512: 16
+        (8, 8, 4096, 14336),  # Mixtral M = 4
+    ],
+)
+def test_hopper_keeps_the_mma_sync_row_where_the_warpgroup_kernel_lost(
+    pairs: int, experts: int, hidden: int, inter: int
+) -> None:
+    want = _with(True, False, pairs, experts, hidden, inter)
+    assert _with(True, True, pairs, experts, hidden, inter) == want
+    assert want.w13.mma
+    assert not want.w13.wgmma
