@@ -231,9 +231,10 @@ WGMMA = GemmTiles(
     block_n=128, block_k=128, num_warps=8, num_stages=1, swap_ab=True,
     int4_words=True, mma=True, wgmma=True,
 )  # fmt: skip
-"""The warpgroup kernel's tiles (``GemmTiles.wgmma``), which the table does not take:
-compiled through explicit tiles, in 32-row blocks with a w2 split and 64-row ones on
-4 warps (64-column tiles, 64-row blocks)."""
+"""The warpgroup kernel's tiles (``GemmTiles.wgmma``) in forms the table does not take
+(it takes 64 x 128 on 4 warps in 32-row blocks, reached through the model cases):
+compiled through explicit tiles, in 32-row blocks of 8 warps with a w2 split and
+64-row ones on 4 warps."""
 WGMMA_TILES = (
     MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2), pdl=True),
     MoETiles(
