@@ -112,7 +112,7 @@ def test_mma_w13_split_for_long_or_few_programs() -> None:
 
 
 def _with(
-    mma: bool, wgmma: bool, pairs: int, experts: int, hidden: int, inter: int
+    pairs: int, experts: int, hidden: int, inter: int, *, mma: bool, wgmma: bool
 ) -> MoETiles:
     return configs.choose_tiles(
         num_pairs=pairs, num_experts=experts, hidden_size=hidden,
@@ -136,15 +136,15 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
     """``wgmma``: 32-row blocks of ``WGMMA_TILES`` past 16 pairs per expert, and past 8
     for experts of at least ``WGMMA_LARGE_EXPERT``; the w2 split and PDL of the row
     they replace (decode: the table's split, with PDL; prefill: unsplit, without)."""
-    got = _with(True, True, pairs, experts, hidden, inter)
+    got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
     assert got.block_m == mma_configs.WGMMA_BLOCK == 32
     assert got.w13 == mma_configs.WGMMA_TILES
     assert got.w13.wgmma
     assert got.w2 == attrs.evolve(mma_configs.WGMMA_TILES, split_k=split)
     assert got.pdl is pdl
     # the same sizes without Hopper (or without the Gluon kernel): no warpgroup tiles
-    assert not _with(True, False, pairs, experts, hidden, inter).w13.wgmma
-    assert not _with(False, True, pairs, experts, hidden, inter).w13.wgmma
+    assert not _with(pairs, experts, hidden, inter, mma=True, wgmma=False).w13.wgmma
+    assert not _with(pairs, experts, hidden, inter, mma=False, wgmma=True).w13.wgmma
 
 
 @pytest.mark.parametrize(
@@ -160,7 +160,7 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
 def test_hopper_keeps_the_mma_sync_row_where_the_warpgroup_kernel_lost(
     pairs: int, experts: int, hidden: int, inter: int
 ) -> None:
-    want = _with(True, False, pairs, experts, hidden, inter)
-    assert _with(True, True, pairs, experts, hidden, inter) == want
+    want = _with(pairs, experts, hidden, inter, mma=True, wgmma=False)
+    assert _with(pairs, experts, hidden, inter, mma=True, wgmma=True) == want
     assert want.w13.mma
     assert not want.w13.wgmma
