@@ -4,6 +4,8 @@ graph holds it as one custom op, no break; training keeps a break and its backwa
 import contextlib
 import copy
 import gc
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -317,6 +319,44 @@ def test_an_exported_program_keeps_its_weights(
         other(x)
         got = torch.export.load(tmp_path / "m.pt2").module()(x)
     torch.testing.assert_close(got, expected, **EXACT)
+
+
+_LOAD_ELSEWHERE = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+if sys.argv[3] == "import":
+    import modules  # registers int4_moe::forward, which the program calls
+x, expected = torch.load(sys.argv[2] + "/io.pt")
+with torch.no_grad():
+    got = torch.export.load(sys.argv[2] + "/m.pt2").module()(x)
+torch.testing.assert_close(got, expected, rtol=0, atol=0)
+print("same")
+"""
+
+
+@pytest.mark.parametrize("first", ["import", "no-import"])
+def test_an_exported_program_loads_in_another_process(
+    generator: torch.Generator, tmp_path: Path, first: str
+) -> None:
+    """As the README says: a fresh process that has run ``import modules`` loads and
+    runs the program bit for bit; one that has not is refused, naming the op."""
+    model = nn.Sequential(nn.Linear(64, 64), _layer(generator))
+    x = torch.randn(3, 64, generator=generator)
+    with torch.no_grad():
+        torch.save((x, model(x)), tmp_path / "io.pt")
+        torch.export.save(torch.export.export(model, (x,)), tmp_path / "m.pt2")
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_ELSEWHERE, root, str(tmp_path), first],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if first == "import":
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip() == "same"
+    else:
+        assert done.returncode != 0
+        assert "resolve torch.ops.int4_moe.forward" in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("no_grad", [True, False], ids=["no_grad", "grad_mode"])
