@@ -21,6 +21,7 @@ what they compute or how fast: the GPU tests and the benchmark do that.
 # ruff: noqa: T201
 # A command-line script: print is its output.
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -209,6 +210,8 @@ class Case:
     bias: bool = False
     int4: bool = True
     tiles: MoETiles | None = None
+    hopper: bool = True
+    overlap: bool = False
 
 
 def _matrix(c: "Case", rows: int, cols: int) -> ExpertMatrix:
@@ -278,6 +281,8 @@ CASES = (
     Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[0]),
     Case(16, 1, 512, 256, (300,), asym=True, dtype=torch.float16, tiles=WGMMA_TILES[1]),
     Case(16, 4, 1536, 704, (5,), group=-1, asym=True, tiles=REGISTER_TILES),
+    Case(8, 2, 4096, 14336, (64, 128), hopper=False),  # the rows the wgmma ones replace
+    Case(8, 2, 4096, 14336, (64,), overlap=True),  # the warpgroup kernel's async form
 )
 QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10, 12))  # every kernel, fewer forms
 ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the most
@@ -309,6 +314,26 @@ ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the mos
 """Routing configurations and whether they carry a correction bias."""
 
 
+@contextlib.contextmanager
+def _hopper_as(c: Case) -> Iterator[None]:
+    """The case's Hopper answers for the duration of its forward.
+
+    ``c.hopper`` False: the warpgroup kernel not importable (``gluon_hopper``), so the
+    table and the launch take the rows and kernel of other sm_80+ GPUs; with
+    ``c.overlap`` the warpgroup kernel's async form (``WGMMA_ASYNC``).
+    """
+    import backends.triton._launch as launch
+
+    saved = launch.gluon_hopper, launch.WGMMA_ASYNC
+    if not c.hopper:
+        launch.gluon_hopper = lambda: False  # type: ignore[assignment]  # a stand-in
+    launch.WGMMA_ASYNC = c.overlap
+    try:
+        yield
+    finally:
+        launch.gluon_hopper, launch.WGMMA_ASYNC = saved
+
+
 def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
     """The launches of every case at every token count (``install_recorders`` first)."""
     launches: list[Launch] = []
@@ -327,10 +352,11 @@ def record(cases: tuple[Case, ...]) -> Iterator[Launch]:
             ids = torch.rand(m, c.e, generator=gen).topk(c.k).indices.to(torch.int32)
             weights = torch.full((m, c.k), 1.0 / c.k)
             routing = Routing(topk_weights=weights, topk_ids=ids)
-            if c.tiles is None:
-                fused_moe(x, w13, w2, routing, config)
-            else:
-                fused_moe(x, w13, w2, routing, config, tiles=c.tiles, path="gemm")
+            with _hopper_as(c):
+                if c.tiles is None:
+                    fused_moe(x, w13, w2, routing, config)
+                else:
+                    fused_moe(x, w13, w2, routing, config, tiles=c.tiles, path="gemm")
             yield from launches
             launches.clear()
     for route_config, biased in ROUTES:

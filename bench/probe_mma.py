@@ -68,6 +68,7 @@ from bench_gpu import (
 )
 from probe_mma_sets import variants, words
 
+from backends.triton import _launch
 from backends.triton._fused import fused_moe, pick_tiles
 from backends.triton._launch import ExpertMatrix
 from backends.triton._tiles import MoETiles
@@ -157,10 +158,12 @@ def ncu() -> None:
         torch.cuda.empty_cache()
 
 
+LIBRARY_WGMMA_ASYNC = _launch.WGMMA_ASYNC
+"""The warpgroup kernel's form as the library runs it (the probes set it per variant)."""
+
+
 def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None:
     """Time every variant of one model and M on one routing draw (``tag`` its label)."""
-    import backends.triton._launch as launch
-
     e, k, d, f = MODELS[name]
     cfg, q, w13, w2 = layer
     x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
@@ -171,11 +174,12 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None
     default = pick_tiles(m * k, w13, w2)
     always_sync = os.environ.get("WGMMA_SYNC") == "1"  # PROBE_SET=16
     for key, tiles in variants(default).items():
+        form = LIBRARY_WGMMA_ASYNC  # the table's own rows as the library runs them
+        if key.startswith("wgmma"):  # PROBE_SET=16 and 17: as the key says
+            form = not (key.endswith(" sync") or always_sync)
 
-        def run(
-            t: MoETiles | None = tiles, *, sync: bool = key.endswith(" sync")
-        ) -> torch.Tensor:
-            launch.WGMMA_ASYNC = not (sync or always_sync)  # read when launched
+        def run(t: MoETiles | None = tiles, *, overlap: bool = form) -> torch.Tensor:
+            _launch.WGMMA_ASYNC = overlap  # read when launched
             return fused_moe(
                 x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
             )  # fmt: skip

@@ -124,7 +124,7 @@ def build_int4_experts(
         quantization_config=quantization_config,
         device=device,
     )
-    if scheme is not None and loaded.weights.scheme != scheme:
+    if scheme is not None and not _same_groups(scheme, loaded.weights.scheme, config):
         raise ConfigError(
             f"the checkpoint's experts of MoE block {name!r} must be of scheme="
             f"{scheme.name} as asked, got {loaded.weights.scheme.name} (leave scheme "
@@ -132,6 +132,17 @@ def build_int4_experts(
         )
     return Int4MoE.from_quantized(
         loaded.weights, config=config, backend=backend, e_score_correction_bias=bias
+    )
+
+
+def _same_groups(asked: Int4Scheme, held: Int4Scheme, config: MoEConfig) -> bool:
+    """Whether ``held`` is ``asked`` on this layer's two reductions.
+
+    ``g-1`` and a group of the whole row are the same groups.
+    """
+    return asked.mapping is held.mapping and all(
+        asked.group_size_for(k) == held.group_size_for(k)
+        for k in (config.hidden_size, config.intermediate_size)
     )
 
 

@@ -1,6 +1,7 @@
 """Tile configurations of the fused-MoE kernels, per shape class, and the path rules.
 
-Measured on one NVIDIA H200 (torch 2.11, triton 3.6, from 2026-12-02) with
+Measured on one NVIDIA H200 (torch 2.11, triton 3.6, from 2026-12-02; the Hopper
+warpgroup kernel's rows on an H100) with
 ``bench/sweep_tiles.py`` and the probes beside it; bench/TUNING.md has the numbers and
 bench/sweeps/ the raw logs. The int4 decode row on the Gluon kernel is in
 ``_configs_mma.py``, the tile objects in ``_tiles.py``; this module imports only stdlib,
@@ -12,7 +13,13 @@ from typing import Final
 
 import attrs
 
-from backends.triton._configs_mma import WGMMA_LARGE_EXPERT, mma_tiles, wgmma_tiles
+from backends.triton._configs_mma import (
+    WGMMA_DECODE_MIN_PER_EXPERT,
+    WGMMA_LARGE_EXPERT,
+    WGMMA_MAX_PER_EXPERT,
+    mma_tiles,
+    wgmma_tiles,
+)
 from backends.triton._tiles import (
     NUM_SMS_H200 as NUM_SMS_H200,
     GemmTiles,
@@ -282,7 +289,8 @@ def choose_tiles(
 
 
 INT4_FEW_PER_EXPERT: Final = 16
-"""Up to this many routed pairs per expert the int4 GEMM takes the decode row."""
+"""Up to this many routed pairs per expert the int4 GEMM takes the decode row (on
+Hopper, Mixtral-sized experts take the warpgroup kernel at 16: ``int4_tiles``)."""
 INT4_LARGE_EXPERT: Final = 1 << 22
 """``hidden * intermediate`` from which the decode row's blocks grow to 32 rows when
 experts average more than 8 pairs (``int4_tiles``)."""
@@ -342,16 +350,17 @@ def int4_tiles(
     registers' 16-byte loads but slower than their 8-byte ones of probe_mma3.
 
     With ``wgmma`` (Hopper) the warpgroup kernel's ``wgmma_tiles`` take the sizes
-    between (past ``INT4_FEW_PER_EXPERT`` pairs per expert; the dequant path takes
-    prefill from ``DEQUANT_PAIRS_PER_EXPERT``) and, for experts of at least
-    ``WGMMA_LARGE_EXPERT``, the decode row past 8 pairs per expert.
+    past ``INT4_FEW_PER_EXPERT`` pairs per expert up to ``WGMMA_MAX_PER_EXPERT`` and,
+    for experts of at least ``WGMMA_LARGE_EXPERT``, the decode row at
+    ``WGMMA_DECODE_MIN_PER_EXPERT``.
     """
-    if wgmma and per_expert > INT4_FEW_PER_EXPERT:
+    if wgmma and INT4_FEW_PER_EXPERT < per_expert <= WGMMA_MAX_PER_EXPERT:
         return wgmma_tiles(split=1, pdl=False)
     if per_expert <= INT4_FEW_PER_EXPERT:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
-        if wgmma and per_expert > 8 and hidden * inter >= WGMMA_LARGE_EXPERT:
+        large = hidden * inter >= WGMMA_LARGE_EXPERT
+        if wgmma and large and per_expert >= WGMMA_DECODE_MIN_PER_EXPERT:
             return wgmma_tiles(split=split, pdl=True)
         if mma:
             return mma_tiles(

@@ -2,7 +2,8 @@
 
 Part of the tile table of ``_configs.py`` (``int4_tiles`` takes this row when ``mma``);
 its forms, splits and thresholds, each with the measurements that chose it (one NVIDIA
-H200, torch 2.11, triton 3.6; bench/TUNING.md, bench/sweeps/). Imports only stdlib,
+H200, torch 2.11, triton 3.6; the warpgroup kernel's rows on an H100, same versions;
+bench/TUNING.md, bench/sweeps/). Imports only stdlib,
 attrs and ``_tiles.py``.
 """
 
@@ -22,16 +23,27 @@ WGMMA_TILES: Final = GemmTiles(
     block_n=64, block_k=128, num_warps=4, num_stages=1, swap_ab=True,
     int4_words=True, mma=True, wgmma=True,
 )  # fmt: skip
-"""The warpgroup-MMA kernel's tiles (Hopper, ``wgmma_runs``), in ``WGMMA_BLOCK``-row
-blocks: past ``INT4_FEW_PER_EXPERT`` pairs per expert for every expert size, and
-past 8 for experts of at least ``WGMMA_LARGE_EXPERT`` (``wgmma_tiles``)."""
+"""The warpgroup-MMA kernel's tiles (Hopper: ``wgmma_target``), in ``WGMMA_BLOCK``-row
+blocks, each MMA waited for (``_launch.WGMMA_ASYNC``): from ``INT4_FEW_PER_EXPERT`` + 1
+to ``WGMMA_MAX_PER_EXPERT`` pairs per expert for every expert size, and at
+``WGMMA_DECODE_MIN_PER_EXPERT`` for experts of at least ``WGMMA_LARGE_EXPERT``
+(``wgmma_tiles``; measured on an H100, bench/sweeps/probe_mma17_wgmma_h100.log)."""
 WGMMA_BLOCK: Final = 32
+WGMMA_MAX_PER_EXPERT: Final = 128
+"""The most pairs per expert (ceiling average) measured faster on the warpgroup kernel
+(Mixtral M = 512, 1.594 vs 1.774 ms, the gain shrinking from 19% at 32 pairs); above,
+up to the dequant path, the Triton nibble-halves GEMM stays."""
+WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
+"""From this many pairs per expert the decode row of experts of at least
+``WGMMA_LARGE_EXPERT`` takes the warpgroup kernel: measured at 16 only (below, 32-row
+blocks waste more of their rows and nothing was measured, so ``mma.sync`` stays)."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the warpgroup kernel
-also takes 9-16 pairs per expert: Mixtral M = 64 on three routing draws 0.435-0.437 ms
-against the table's 0.534, 0.440, 0.436 (H100); smaller experts lost there
-(Qwen3-235B M = 256 0.793 vs 0.690, Qwen3-30B-A3B 0.231 vs 0.205, DeepSeek-V3 M = 512
-3.84 vs 3.77; bench/sweeps/probe_mma17_wgmma_h100.log)."""
+also takes the decode row at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs per expert: Mixtral
+M = 64 on three routing draws 0.435-0.437 ms against the table's 0.534, 0.440, 0.436
+(H100; a win on one draw, ties on two); smaller experts lost there (Qwen3-235B M = 256
+0.793 vs 0.690, Qwen3-30B-A3B 0.231 vs 0.205, DeepSeek-V3 M = 512 3.84 vs 3.77). No
+expert size between DeepSeek-V3's 2^23.8 and Mixtral's 2^25.8 was measured."""
 MMA_SMALL_BLOCK: Final = 8
 """Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
 ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);

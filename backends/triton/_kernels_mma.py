@@ -162,7 +162,7 @@ def _moe_gemm_mma_kernel(
             WARPS,
         )  # fmt: skip
     rings = (None, None, None)  # without a ring (STAGES 1) nothing is allocated
-    if STAGES > 1:  # here, not in the helper: Triton 3.6 cannot return None from one
+    if STAGES > 1:  # here: a helper cannot return None (Triton 3.6 and 3.7)
         rings = _ring_prologue(
             w, copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS,
             X_SHARED, a_ptr.dtype.element_ty,

@@ -6,9 +6,11 @@ Host-side only (no kernel runs): the forms, row blocks and K splits that
 
 import attrs
 import pytest
+import torch
 
 import backends.triton._configs as configs
 import backends.triton._configs_mma as mma_configs
+from backends.triton._launch import ExpertMatrix
 from backends.triton._tiles import MoETiles
 
 
@@ -120,22 +122,30 @@ def _with(
     )  # fmt: skip
 
 
+MIXTRAL = (8, 4096, 14336)
+QWEN3_235B = (128, 4096, 1536)
+
+
 @pytest.mark.parametrize(
-    ("pairs", "experts", "hidden", "inter", "split", "pdl"),
+    ("per_expert", "shape", "split", "pdl"),
     [
-        (128, 8, 4096, 14336, 1, True),  # Mixtral M = 64: 16 a large expert
-        (256, 8, 4096, 14336, 1, False),  # Mixtral M = 128: 32
-        (1024, 8, 4096, 14336, 1, False),  # Mixtral M = 512: 128
-        (4096, 128, 4096, 1536, 1, False),  # Qwen3-235B M = 512: 32
-        (8192, 256, 7168, 2048, 1, False),  # DeepSeek-V3 M = 1024: 32
+        (16, MIXTRAL, 1, True),  # Mixtral M = 64: the decode row of a large expert
+        (17, MIXTRAL, 1, False),  # the prefill row's form from here
+        (32, MIXTRAL, 1, False),  # Mixtral M = 128
+        (128, MIXTRAL, 1, False),  # Mixtral M = 512: WGMMA_MAX_PER_EXPERT
+        (17, QWEN3_235B, 1, False),  # every expert size past 16
+        (32, (256, 7168, 2048), 1, False),  # DeepSeek-V3 M = 1024
     ],
 )
 def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
-    pairs: int, experts: int, hidden: int, inter: int, split: int, pdl: bool
+    per_expert: int, shape: tuple[int, int, int], split: int, pdl: bool
 ) -> None:
-    """``wgmma``: 32-row blocks of ``WGMMA_TILES`` past 16 pairs per expert, and past 8
-    for experts of at least ``WGMMA_LARGE_EXPERT``; the w2 split and PDL of the row
-    they replace (decode: the table's split, with PDL; prefill: unsplit, without)."""
+    """``wgmma``: 32-row blocks of ``WGMMA_TILES`` from 17 to ``WGMMA_MAX_PER_EXPERT``
+    pairs per expert, and at ``WGMMA_DECODE_MIN_PER_EXPERT`` for experts of at least
+    ``WGMMA_LARGE_EXPERT``; the w2 split and PDL of the row they replace (decode: the
+    table's split, with PDL; prefill: unsplit, without)."""
+    experts, hidden, inter = shape
+    pairs = per_expert * experts
     got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
     assert got.block_m == mma_configs.WGMMA_BLOCK == 32
     assert got.w13 == mma_configs.WGMMA_TILES
@@ -148,19 +158,43 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
 
 
 @pytest.mark.parametrize(
-    ("pairs", "experts", "hidden", "inter"),
+    ("per_expert", "shape"),
     [
-        (64, 8, 4096, 14336),  # Mixtral M = 32: 8 a large expert
-        (2048, 128, 4096, 1536),  # Qwen3-235B M = 256: 16 a small expert
-        (2048, 128, 2048, 768),  # Qwen3-30B-A3B M = 256
-        (4096, 256, 7168, 2048),  # DeepSeek-V3 M = 512: 16
-        (8, 8, 4096, 14336),  # Mixtral M = 4
+        (15, MIXTRAL),  # below WGMMA_DECODE_MIN_PER_EXPERT: not measured
+        (9, MIXTRAL),
+        (129, MIXTRAL),  # past WGMMA_MAX_PER_EXPERT: not measured
+        (16, QWEN3_235B),  # 16 pairs of smaller experts: it lost
+        (16, (128, 2048, 768)),  # Qwen3-30B-A3B M = 256
+        (16, (256, 7168, 2048)),  # DeepSeek-V3 M = 512
+        (1, MIXTRAL),
     ],
 )
-def test_hopper_keeps_the_mma_sync_row_where_the_warpgroup_kernel_lost(
-    pairs: int, experts: int, hidden: int, inter: int
+def test_hopper_keeps_the_other_rows_where_the_warpgroup_kernel_lost_or_was_not_run(
+    per_expert: int, shape: tuple[int, int, int]
 ) -> None:
+    experts, hidden, inter = shape
+    pairs = per_expert * experts
     want = _with(pairs, experts, hidden, inter, mma=True, wgmma=False)
     assert _with(pairs, experts, hidden, inter, mma=True, wgmma=True) == want
-    assert want.w13.mma
     assert not want.w13.wgmma
+
+
+def test_pick_tiles_asks_whether_the_warpgroup_kernel_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pick_tiles`` passes ``wgmma_target`` of the weights' device to the table: the
+    warpgroup rows where it holds (an sm_90 answer faked on CPU), not elsewhere."""
+    import backends.triton._fused as fused
+
+    def int4(rows: int, cols: int) -> ExpertMatrix:  # shape only, never read
+        data = torch.empty(8, rows, cols // 2, dtype=torch.uint8, device="meta")
+        return ExpertMatrix(data=data, group_size=128)
+
+    w13, w2 = int4(2 * 14336, 4096), int4(4096, 14336)  # Mixtral
+    monkeypatch.setattr(fused, "is_interpreting", lambda: False)
+    monkeypatch.setattr(fused, "mma_target", lambda a: True)
+    monkeypatch.setattr(fused, "wgmma_target", lambda a: False)
+    assert not fused.pick_tiles(256, w13, w2).w13.wgmma  # M = 128: 32 per expert
+    monkeypatch.setattr(fused, "wgmma_target", lambda a: True)
+    assert fused.pick_tiles(256, w13, w2).w13.wgmma
+    assert fused.pick_tiles(256, w13, w2) == mma_configs.wgmma_tiles(split=1, pdl=False)

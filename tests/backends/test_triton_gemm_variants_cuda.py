@@ -14,6 +14,7 @@ import torch
 
 import backends.triton._launch as launch
 from backends.triton import TritonW4A16Backend
+from backends.triton._configs_mma import wgmma_tiles
 from backends.triton._fused import fused_moe
 from backends.triton._launch import mma_target, wgmma_target
 from backends.triton._tiles import GemmTiles, MoETiles
@@ -349,6 +350,14 @@ PDL_CASES = {
     "wgmma-32-row-w2-split2": (
         (8, 2, 4096, 14336, 64),
         MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)),
+    ),
+    "wgmma-the-table's-mixtral-m64": (  # as Hopper's table gives it, both forms
+        (8, 2, 4096, 14336, 64),
+        wgmma_tiles(split=1, pdl=False),
+    ),
+    "wgmma-the-table's-w2-split2": (
+        (8, 2, 4096, 14336, 64),
+        wgmma_tiles(split=2, pdl=False),
     ),
     "triton-words-w13-split2": (
         (16, 4, 1536, 704, 37),

@@ -11,12 +11,14 @@ import attrs
 import pytest
 import torch
 
+from core.config import MoEConfig
 from core.errors import ConfigError, DeviceError
 from core.formats import export_expert_weights
-from core.scheme import INT4_ASYM_G32, INT4_SYM_G32
+from core.scheme import INT4_ASYM_G32, INT4_SYM_G32, Int4Scheme
 from modules import Int4MoE
 from modules.hf import replace_moe_blocks
 from modules.hf_block import Int4SparseMoeBlock
+from modules.hf_experts import _same_groups
 from tests.modules.hf_models import MODELS, _assert_left_alone, _build, _logits, _tensor
 from tests.tolerances import EXACT
 
@@ -92,6 +94,18 @@ def test_a_checkpoint_of_another_scheme_than_asked_replaces_none() -> None:
     int4 = model.get_submodule(f"{names[0]}.experts")
     assert isinstance(int4, Int4MoE)
     assert int4.scheme == INT4_ASYM_G32
+
+
+def test_a_whole_row_group_is_the_same_scheme_as_g_minus_1() -> None:
+    """Asked ``g-1``, a checkpoint loaded as ``g64`` of a layer whose two reductions
+    are both 64 wide has the same groups; with a 32-wide w2 reduction it has not."""
+    asked = Int4Scheme(mapping="asymmetric", group_size=-1)
+    held = Int4Scheme(mapping="asymmetric", group_size=64)
+    square = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=64)
+    narrow = attrs.evolve(square, intermediate_size=32)
+    assert _same_groups(asked, held, square)
+    assert not _same_groups(asked, held, narrow)
+    assert not _same_groups(INT4_SYM_G32, INT4_ASYM_G32, square)  # the mapping too
 
 
 def test_checkpoint_without_the_block_names_each_prefix_tried() -> None:
