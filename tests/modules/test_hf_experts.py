@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from torch import nn
 
 from core.config import MoEConfig
 from core.errors import ConfigError, DeviceError
@@ -49,9 +50,11 @@ def _as_mixtral_checkpoint_name(name: str) -> str:
     return name
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
-def test_blocks_from_an_int4_checkpoint(name: str, generator: torch.Generator) -> None:
-    original = _build(name)
+def _quantized_and_exported(
+    original: nn.Module,
+) -> tuple[nn.Module, list[str], dict[str, torch.Tensor]]:
+    """A copy of ``original`` replaced in int4 asym g32, its block names, and its
+    experts exported under each block's name (the state of an int4 checkpoint)."""
     quantized = copy.deepcopy(original)
     names = replace_moe_blocks(quantized, scheme=INT4_ASYM_G32, backend="reference")
     state: dict[str, torch.Tensor] = {}
@@ -59,6 +62,13 @@ def test_blocks_from_an_int4_checkpoint(name: str, generator: torch.Generator) -
         int4 = quantized.get_submodule(f"{block}.experts")
         assert isinstance(int4, Int4MoE)
         state |= export_expert_weights(int4.weights, prefix=f"{block}.experts")
+    return quantized, names, state
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_blocks_from_an_int4_checkpoint(name: str, generator: torch.Generator) -> None:
+    original = _build(name)
+    quantized, _, state = _quantized_and_exported(original)
     if name == "mixtral":
         state = {_as_mixtral_checkpoint_name(k): v for k, v in state.items()}
         assert "model.layers.0.block_sparse_moe.experts.3.w2.weight_packed" in state
@@ -73,13 +83,7 @@ def test_a_checkpoint_of_another_scheme_than_asked_replaces_none() -> None:
     sym g32 of an asym g32 checkpoint, every block is left as it was (it was ignored
     before); asked for the checkpoint's own, or not at all, it loads."""
     original = _build("qwen3_moe")
-    quantized = copy.deepcopy(original)
-    names = replace_moe_blocks(quantized, scheme=INT4_ASYM_G32, backend="reference")
-    state: dict[str, torch.Tensor] = {}
-    for block in names:
-        int4 = quantized.get_submodule(f"{block}.experts")
-        assert isinstance(int4, Int4MoE)
-        state |= export_expert_weights(int4.weights, prefix=f"{block}.experts")
+    _, names, state = _quantized_and_exported(original)
     model = copy.deepcopy(original)
     with pytest.raises(
         ConfigError,
