@@ -12,9 +12,11 @@
 # "probes": the prepared probe_mma.py sets instead (PROBE_SET 13: the table with PDL as
 # set and flipped; 14: 64-column tiles with the input through the ring, for Mixtral
 # M = 64; 15: odd K splits, for Mixtral M = 4), logs in $OUT/probe_mma_set*.log.
-# "wgmma": the warpgroup-MMA kernel (GemmTiles.wgmma; written 2026-12-05 without a GPU):
-# its CUDA tests first, then probe_mma.py PROBE_SET 16 against the table (async, then
-# WGMMA_SYNC=1 at Mixtral M = 64), logs in $OUT.
+# "wgmma": the warpgroup-MMA kernel (GemmTiles.wgmma; run on an H100 2026-12-05, in
+# the table on Hopper since): its CUDA tests first, then probe_mma.py PROBE_SET 16
+# against the table (async, then WGMMA_SYNC=1 at Mixtral M = 64), logs in $OUT. Its
+# PROBE_SET 17 runs (sync and async side by side, PROBE_ROUTES draws) were one call:
+# bench/sweeps/probe_mma17_wgmma_h100.log. Next: "bench" on the H200 of the record.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
