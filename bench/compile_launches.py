@@ -110,7 +110,9 @@ def install_recorders(launches: list[Launch]) -> None:
             print(f"not importable here, not launched: {info.name} ({error})")
             continue
         for name, value in list(vars(module).items()):
-            if _is_kernel(value):
+            if isinstance(value, _Recorder):  # installed by an earlier call: re-aim it
+                value.launches = launches
+            elif _is_kernel(value):
                 recorder = recorders.setdefault(id(value), _Recorder(value, launches))
                 setattr(module, name, recorder)
             elif name in on_gpu:

@@ -32,7 +32,8 @@ WGMMA_BLOCK: Final = 32
 WGMMA_MAX_PER_EXPERT: Final = 128
 """The most pairs per expert (ceiling average) measured faster on the warpgroup kernel
 (Mixtral M = 512, 1.594 vs 1.774 ms, the gain shrinking from 19% at 32 pairs); above,
-up to the dequant path, the Triton nibble-halves GEMM stays."""
+up to the dequant path, the Triton nibble-halves GEMM stays. Measured at 32, 64 and
+128; 17-31 are taken as 32 (the GEMM it replaces there is the one it beat at 32)."""
 WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
 """From this many pairs per expert the decode row of experts of at least
 ``WGMMA_LARGE_EXPERT`` takes the warpgroup kernel: measured at 16 only (below, 32-row

@@ -130,6 +130,7 @@ QWEN3_235B = (128, 4096, 1536)
     ("per_expert", "shape", "split", "pdl"),
     [
         (16, MIXTRAL, 1, True),  # Mixtral M = 64: the decode row of a large expert
+        (16, (2, 4096, 8192), 4, True),  # 2^25 weights exactly: the decode row's split
         (17, MIXTRAL, 1, False),  # the prefill row's form from here
         (32, MIXTRAL, 1, False),  # Mixtral M = 128
         (128, MIXTRAL, 1, False),  # Mixtral M = 512: WGMMA_MAX_PER_EXPERT

@@ -109,6 +109,7 @@ def test_a_whole_row_group_is_the_same_scheme_as_g_minus_1() -> None:
     narrow = attrs.evolve(square, intermediate_size=32)
     assert _same_groups(asked, held, square)
     assert not _same_groups(asked, held, narrow)
+    assert not _same_groups(asked, held, attrs.evolve(square, hidden_size=32))
     assert not _same_groups(INT4_SYM_G32, INT4_ASYM_G32, square)  # the mapping too
 
 
