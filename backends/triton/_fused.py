@@ -127,14 +127,15 @@ def pick_tiles(
     if is_interpreting():
         return configs.INTERPRETER
     sixteen_bit = dequant or not w13.is_int4
+    mma = not sixteen_bit and mma_runs(w13, w2)
     return choose_tiles(
         num_pairs=num_pairs,
         num_experts=int(w13.data.shape[0]),
         hidden_size=int(w2.data.shape[1]),
         intermediate_size=int(w13.data.shape[1]) // 2,
         sixteen_bit=sixteen_bit,
-        mma=not sixteen_bit and mma_runs(w13, w2),
-        wgmma=wgmma_target(w13.data),
+        mma=mma,
+        wgmma=mma and wgmma_target(w13.data),  # asked only where it can matter
     )
 
 
