@@ -7,7 +7,7 @@ Shape legend: ``N`` output rows, ``K`` reduction dim here (this file has no top-
 
 import torch
 
-from core.errors import ShapeError
+from core.errors import ConfigError, ShapeError
 from core.packing import pack_int4, unpack_int4
 from core.scheme import Int4Scheme
 from core.validate import check_activation_dtype, check_finite, check_type
@@ -121,7 +121,12 @@ def quantize(w_NK: torch.Tensor, qparams: QParams, scheme: Int4Scheme) -> torch.
 
     Returns:
         uint8 codes ``(..., N, K)`` in ``0..15`` (unpacked).
+
+    Raises:
+        ConfigError: when ``qparams`` has a zero point and ``scheme`` is symmetric,
+            or none and it is asymmetric.
     """
+    _check_qparams_scheme(qparams, scheme)
     grouped = _grouped(w_NK.float(), scheme)
     step = _safe_scale(qparams.scale).unsqueeze(-1)
     if qparams.zero_point is None:
@@ -149,7 +154,12 @@ def dequantize(
         qparams: ``scale`` ``(..., N, G)`` and optional ``zero_point``.
         scheme: the scheme the codes follow.
         dtype: output dtype.
+
+    Raises:
+        ConfigError: when ``qparams`` has a zero point and ``scheme`` is symmetric,
+            or none and it is asymmetric.
     """
+    _check_qparams_scheme(qparams, scheme)
     grouped = _grouped(codes_NK, scheme).float()
     zero = (
         torch.full_like(qparams.scale, _SYM_OFFSET, dtype=torch.float32)
@@ -158,6 +168,17 @@ def dequantize(
     )
     values = (grouped - zero.unsqueeze(-1)) * qparams.scale.float().unsqueeze(-1)
     return values.reshape(codes_NK.shape).to(dtype)
+
+
+def _check_qparams_scheme(qparams: QParams, scheme: Int4Scheme) -> None:
+    """A zero point exactly where ``scheme`` is asymmetric."""
+    has_zero = qparams.zero_point is not None
+    if has_zero != scheme.has_zero_point:
+        want = "a tensor" if scheme.has_zero_point else "None"
+        got = "a tensor" if has_zero else "None"
+        raise ConfigError(
+            f"qparams.zero_point must be {want} for {scheme.name}, got {got}"
+        )
 
 
 def dequantize_packed(
@@ -272,7 +293,16 @@ def dequantize_expert_weights(
 def dequantize_expert(
     weights: QuantizedExpertWeights, expert: int, *, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dequantize one expert: ``(2F, D)`` and ``(D, F)`` in ``dtype``."""
+    """Dequantize one expert: ``(2F, D)`` and ``(D, F)`` in ``dtype``.
+
+    Raises:
+        ConfigError: unless ``expert`` is an int in ``[0, E)`` (a negative index
+            would pick an expert from the end).
+    """
+    if type(expert) is not int or not 0 <= expert < weights.num_experts:
+        raise ConfigError(
+            f"expert must be an int in [0, {weights.num_experts}), got {expert!r}"
+        )
 
     def pick(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t[expert]

@@ -8,7 +8,7 @@ import torch
 
 from core.activation import apply_activation
 from core.config import MoEConfig
-from core.errors import ShapeError
+from core.errors import DTypeError, ShapeError
 from core.quantize import dequantize_expert
 from core.routing import Routing, sort_tokens_by_expert
 from core.validate import check_local_ids, check_shape
@@ -39,6 +39,7 @@ def moe_forward_reference(
         DTypeError / ShapeError: for ids that are not integers in ``[-1, E)``.
         ShapeError: when ``hidden_TD`` is not ``(T, D)`` with the weights' ``D`` and
             the routing's ``T``, or ``routing.topk_weights`` not ``(T, K)``.
+        DTypeError: when ``hidden_TD`` is not floating.
     """
     _check_shapes(hidden_TD, weights, routing)
     t, k = routing.topk_ids.shape
@@ -110,7 +111,15 @@ def moe_backward_reference(
 def _check_shapes(
     hidden_TD: torch.Tensor, weights: QuantizedExpertWeights, routing: Routing
 ) -> None:
-    """Shapes only, before any work: the oracle is also called with hand-made inputs."""
+    """Shapes and dtype, before any work.
+
+    The oracle is also called with hand-made inputs (integer activations would be
+    truncated on the way out).
+    """
+    if not hidden_TD.dtype.is_floating_point:
+        raise DTypeError(
+            f"hidden_TD must have a floating dtype, got dtype {hidden_TD.dtype}"
+        )
     d = weights.hidden_size
     if hidden_TD.ndim != 2 or hidden_TD.shape[1] != d:
         raise ShapeError(

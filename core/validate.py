@@ -244,6 +244,42 @@ def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
         raise DeviceError(f"tensors must be on one device, got {listing}")
 
 
+def check_device(
+    name: str, device: torch.device | str, *, allow_meta: bool
+) -> torch.device:
+    """``device`` as a ``torch.device`` this process can allocate on.
+
+    Raises ``ConfigTypeError`` unless it is a ``str`` or ``torch.device``, and
+    ``DeviceError`` for a name torch does not parse (``"gpu"``), a device type this
+    torch build or machine lacks (``"cuda"`` without a GPU), an index past the
+    devices present, or ``meta`` where values are needed (``allow_meta=False``).
+    """
+    check_type(name, device, (str, torch.device))
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        raise DeviceError(f"{name} must name a torch device, got {device!r}") from err
+    kind = parsed.type
+    if kind == "meta" and not allow_meta:
+        raise DeviceError(f"{name} must hold values (cpu, cuda, xpu, ...), got meta")
+    if kind in ("cpu", "meta"):
+        return parsed
+    runtime = getattr(torch, kind, None)  # torch.cuda, torch.xpu, torch.mps, ...
+    available = getattr(runtime, "is_available", None)
+    if callable(available) and not available():
+        raise DeviceError(
+            f"{name} must be a device present here, got {device!r}: this torch "
+            f"build or machine has no {kind} device"
+        )
+    count = getattr(runtime, "device_count", None)
+    if callable(count) and (parsed.index or 0) >= count():  # index None: the current
+        raise DeviceError(
+            f"{name} must be a device present here, got {device!r}: {kind} has "
+            f"{count()} device(s)"
+        )
+    return parsed
+
+
 def checks_on_device(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s values are checked on its device, not on the host.
 

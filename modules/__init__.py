@@ -1,5 +1,6 @@
 """The nn.Module facade of int4-moe: ``from modules import Int4MoE``."""
 
+from modules.checkpoint_source import Source as Source
 from modules.int4_moe import Int4MoE as Int4MoE
 
 from modules.checkpoint import (  # isort: skip  (imports modules.int4_moe)

@@ -127,6 +127,8 @@ CODE_BUFFERS = ("w13_qdata", "w2_qdata", "w13_zero_point", "w2_zero_point")
 """Int4MoE's integer buffers (int4 codes and zero points), ``None`` where absent."""
 FLOAT_BUFFERS = ("w13_scale", "w2_scale", "w13_bias", "w2_bias")
 """Int4MoE's floating buffers of the experts, ``None`` where absent."""
+REQUIRED_BUFFERS = ("w13_qdata", "w13_scale", "w2_qdata", "w2_scale")
+"""The buffers every Int4MoE holds, whatever its scheme and config."""
 
 
 def frozen_copy(

@@ -27,7 +27,7 @@ from core.formats.options import (
     to_checkpoint_format,
 )
 from core.scheme import Int4Mapping, Int4Scheme
-from core.validate import check_type
+from core.validate import check_device, check_type
 from core.weights import QuantizedExpertWeights
 from modules.checkpoint_layout import (
     NAMINGS as NAMINGS,  # re-exported: was public here
@@ -96,12 +96,17 @@ def load_experts(
             ``config.json`` beside ``source`` when left out. For compressed-tensors,
             the ``config_groups`` entry whose targets match the expert modules is
             used (see :func:`core.formats.targets.select_config_group`).
-        device: where the tensors are loaded.
+        device: where the tensors are loaded (present here; not ``meta``).
+
+    Values are not checked here: NaN/inf scales are refused when a layer is built
+    from the result (``Int4MoE.from_quantized``, which ``from_checkpoint`` calls).
 
     Raises:
         ConfigError: for an unknown or contradicting format, an ambiguous or
-            non-int4 ``config_groups`` entry, experts in ``ignore``, or missing or
-            unexpected tensors (named); ShapeError / DTypeError for malformed tensors.
+            non-int4 ``config_groups`` entry, experts in ``ignore``, missing or
+            unexpected tensors (named), or files that are not safetensors or JSON
+            (named); ShapeError / DTypeError for tensors of the wrong shape or dtype.
+        DeviceError: for a ``device`` torch does not know or this machine lacks.
     """
     check_type("source", source, (str, os.PathLike, Mapping))
     check_type("prefix", prefix, str)
@@ -275,12 +280,8 @@ def _assemble(
 
 
 def _check_load_device(device: torch.device | str) -> None:
-    """``device`` names a device tensors can be loaded onto (not ``meta``)."""
-    check_type("device", device, (str, torch.device))
-    try:
-        kind = torch.device(device).type
-    except RuntimeError as err:
-        raise DeviceError(f"device must name a torch device, got {device!r}") from err
+    """``device`` names a device tensors can be loaded onto (present, not ``meta``)."""
+    kind = check_device("device", device, allow_meta=True).type
     if kind == "meta":
         msg = (
             "device must hold the checkpoint's values (cpu, cuda, xpu, ...), got meta: "

@@ -38,8 +38,20 @@ def describe_missing_experts(base: str, names: Iterable[str]) -> str:
 
 
 def plan_projections(rel_names: set[str], num_experts: int) -> dict[str, list[str]]:
-    """Role (`gate`, `up`, `gate_up`, `down`) to projection keys under ``experts.``."""
+    """Role (`gate`, `up`, `gate_up`, `down`) to projection keys under ``experts.``.
+
+    Raises:
+        ConfigError: when per-expert tensors are numbered past ``num_experts`` (a
+            checkpoint of more experts than the config says).
+    """
     matches = [m for n in rel_names if (m := _PER_EXPERT.match(n))]
+    held = {int(m.group(1)) for m in matches}
+    if held and max(held) >= num_experts:
+        raise ConfigError(
+            f"config.num_experts must cover the checkpoint's experts, got "
+            f"num_experts={num_experts} but experts numbered up to {max(held)} "
+            f"({len(held)} held)"
+        )
     if matches:
         projs = {m.group(2) for m in matches}
         naming = next((nm for nm in NAMINGS if set(nm) & projs), NAMINGS[0])

@@ -5,11 +5,12 @@ Opens a source by name only (file headers; tensors are read on request) and read
 files are read, and no other ``modules`` file is imported.
 """
 
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 import torch
@@ -33,10 +34,13 @@ def open_source(source: Source, device: torch.device | str) -> OpenedSource:
     """``source``'s tensor names, and a reader that loads tensors onto ``device``."""
     if isinstance(source, Mapping):
         tensors = source
-        return OpenedSource(
-            names=frozenset(tensors),
-            read=lambda names: {n: tensors[n].to(device) for n in names},
-        )
+
+        def read(names: Iterable[str]) -> dict[str, torch.Tensor]:
+            for name in names:  # a state dict of numpy arrays type-checks as Any
+                check_type(f"source[{name!r}]", tensors[name], torch.Tensor)
+            return {n: tensors[n].to(device) for n in names}
+
+        return OpenedSource(names=frozenset(tensors), read=read)
     return _files_source(_shard_map(Path(source)), str(device))
 
 
@@ -48,18 +52,24 @@ def checkpoint_names(source: Source) -> frozenset[str]:
 
 def _shard_map(path: Path) -> dict[str, Path]:
     """Tensor name to the file holding it (headers only; no tensor is read)."""
-    try:
-        from safetensors import safe_open
-    except ImportError as err:
+    if importlib.util.find_spec("safetensors") is None:
         raise ImportError(
             "reading checkpoint files needs safetensors: pip install 'int4-moe[hf]' "
             "(or pass a state dict)"
-        ) from err
+        )
 
     if path.is_file():
         files = [path]
     elif (path / _INDEX).is_file():
-        weight_map = json.loads((path / _INDEX).read_text())["weight_map"]
+        index = _read_json(path / _INDEX)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(v, str) for v in weight_map.values()
+        ):
+            raise ConfigError(
+                f"{path / _INDEX} must map tensor names to shard files under "
+                f"'weight_map', got {type(weight_map).__name__}"
+            )
         return {name: path / file for name, file in weight_map.items()}
     elif path.is_dir():
         files = sorted(path.glob("*.safetensors"))
@@ -76,7 +86,7 @@ def _shard_map(path: Path) -> dict[str, Path]:
         )
     out: dict[str, Path] = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with _opened(file, "cpu") as f:
             names = f.keys()  # safe_open is not a mapping
             for name in names:
                 if name in out:
@@ -89,16 +99,40 @@ def _shard_map(path: Path) -> dict[str, Path]:
     return out
 
 
-def _files_source(shards: dict[str, Path], device: str) -> OpenedSource:
-    from safetensors import safe_open
+def _opened(file: Path, device: str) -> Any:  # safetensors' handle
+    """``safe_open(file)``; a file that is not safetensors is named in a ConfigError."""
+    from safetensors import SafetensorError, safe_open
 
+    try:
+        return safe_open(file, framework="pt", device=device)
+    except SafetensorError as err:
+        raise ConfigError(
+            f"checkpoint file {file} must be a safetensors file, got one it cannot "
+            f"read: {err}"
+        ) from err
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; a ConfigError naming the file if it is not one."""
+    try:
+        found = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(
+            f"{file} must hold JSON, got text it cannot parse: {err}"
+        ) from err
+    if not isinstance(found, dict):
+        raise ConfigError(f"{file} must hold a JSON object, got {type(found).__name__}")
+    return found
+
+
+def _files_source(shards: dict[str, Path], device: str) -> OpenedSource:
     def read(names: Iterable[str]) -> dict[str, torch.Tensor]:
         by_file: dict[Path, list[str]] = {}
         for name in names:
             by_file.setdefault(shards[name], []).append(name)
         out: dict[str, torch.Tensor] = {}
         for file, wanted in by_file.items():
-            with safe_open(file, framework="pt", device=device) as f:
+            with _opened(file, device) as f:
                 out.update({n: f.get_tensor(n) for n in wanted})
         return out
 
@@ -119,15 +153,13 @@ def read_quantization_config(source: Source) -> dict[str, object] | None:
     folder = path if path.is_dir() else path.parent
     config = folder / "config.json"
     if config.is_file():
-        found = json.loads(config.read_text()).get("quantization_config")
+        found = _read_json(config).get("quantization_config")
         if isinstance(found, dict):
             return found
     for name, method in _OWN_CONFIG_FILES:
         own = folder / name
         if own.is_file():
-            found = json.loads(own.read_text())
-            if isinstance(found, dict):
-                return {"quant_method": method, **found}
+            return {"quant_method": method, **_read_json(own)}
     return None
 
 

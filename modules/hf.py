@@ -11,8 +11,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from core.errors import ConfigError
+from core.errors import ConfigError, ShapeError
 from core.scheme import Int4Scheme
+from core.validate import check_scheme, check_type
 from modules.checkpoint import Source
 from modules.hf_block import (
     ROUTER_NAMES,
@@ -138,6 +139,14 @@ def replace_moe_blocks(
         else layer_config(text_config(hf_config))
     )
     model_type = str(getattr(hf_config, "model_type", ""))
+    if scheme is not None and checkpoint is None:
+        check_type("scheme", scheme, Int4Scheme)
+        try:
+            check_scheme(scheme, config)
+        except ShapeError as err:
+            raise ShapeError(
+                f"scheme must fit the model's MoE layers, got {scheme.name}: {err}"
+            ) from err
     blocks = find_moe_blocks(model)
     if not blocks and any(isinstance(m, Int4SparseMoeBlock) for m in model.modules()):
         raise ConfigError(

@@ -5,10 +5,11 @@ Duck-typed on the config's attributes (no transformers import): activations, the
 May import core only.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 from core.config import Activation, MoEConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, ConfigTypeError
 
 _ACTIVATIONS: dict[str, Activation] = {
     "silu": "silu",
@@ -57,7 +58,15 @@ def moe_config_from_hf(hf_config: Any) -> MoEConfig:
         ConfigError: for a model type outside ``ROUTED_FAMILIES`` (its routing would
             be a guess), an activation int4-moe does not implement, or a config
             without an expert count (a dense model).
+        ConfigTypeError: for a ``dict`` (a ``config.json`` read as JSON), a string
+            or ``None``: the config is read by attribute, as transformers builds it.
     """
+    if hf_config is None or isinstance(hf_config, (Mapping, str, bytes)):
+        raise ConfigTypeError(
+            "hf_config must be a transformers config object (read by attribute: "
+            "AutoConfig.from_pretrained(...) or model.config), got "
+            f"{type(hf_config).__name__}"
+        )
     cfg = text_config(hf_config)
     config = layer_config(cfg)  # a dense model or Llama-4 is refused first
     model_type = str(getattr(cfg, "model_type", ""))

@@ -24,6 +24,8 @@ from core.quantize import quantize_expert_weights
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from core.validate import (
     check_activation_dtype,
+    check_cast_fits,
+    check_device,
     check_expert_weights,
     check_float_expert_weights,
     check_hidden_states,
@@ -107,6 +109,8 @@ class Int4MoE(Int4MoEState):
         check_type("scheme", scheme, Int4Scheme)
         check_scheme(scheme, config)
         check_activation_dtype("dtype", dtype)
+        if device is not None:
+            check_device("device", device, allow_meta=True)
         super().__init__(
             config,
             scheme,
@@ -216,7 +220,8 @@ class Int4MoE(Int4MoEState):
 
         Raises:
             ShapeError: on wrong shapes, NaN/inf weights, or weights whose group
-                scales ``dtype`` cannot hold (e.g. 1e6 or 1e-8 with fp16).
+                scales (or expert biases) ``dtype`` cannot hold (e.g. 1e6 or 1e-8
+                with fp16).
             BackendUnavailableError: for a backend name that is not registered.
         """
         check_type("config", config, MoEConfig)
@@ -230,6 +235,9 @@ class Int4MoE(Int4MoEState):
             half = (torch.float16, torch.bfloat16)
             dtype = w13_weight.dtype if w13_weight.dtype in half else torch.bfloat16
         check_activation_dtype("dtype", dtype)
+        for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
+            if bias is not None:  # before the cast, which would turn them to inf
+                check_cast_fits(name, bias, dtype)
         weights = attrs.evolve(
             quantize_expert_weights(w13_weight, w2_weight, scheme, scale_dtype=dtype),
             w13_bias=None if w13_bias is None else frozen_copy(w13_bias, dtype),
@@ -317,7 +325,12 @@ class Int4MoE(Int4MoEState):
 
     @property
     def backend_name(self) -> str | None:
-        """Name of the backend serving the last forward (``None`` before the first)."""
+        """Name of the backend of the current prepared form, the one forwards run on.
+
+        ``None`` until a forward prepares one: before the first, and again after
+        anything that drops it (``.to`` and casts, ``load_state_dict``,
+        ``invalidate_prepared``, setting ``backend``).
+        """
         return None if self._prepared is None else self._prepared.backend.name
 
     def __getstate__(self) -> dict[str, Any]:
@@ -481,9 +494,12 @@ class Int4MoE(Int4MoEState):
         c = self.config
         chosen = self.backend_name
         backend = self.backend if chosen is None else f"{self.backend} -> {chosen}"
-        local = int(self._buffer("w13_qdata").shape[0])
+        # Never raises (print(model) must work on a layer missing a buffer).
+        qdata = self._optional_buffer("w13_qdata")
+        scales = self._optional_buffer("w13_scale")
+        local = c.num_experts if qdata is None else int(qdata.shape[0])
         held = f", num_local_experts={local}" if local != c.num_experts else ""
-        scale = self._buffer("w13_scale").dtype
+        scale = "missing" if scales is None else scales.dtype
         return (
             f"num_experts={c.num_experts}{held}, top_k={c.top_k}, hidden_size="
             f"{c.hidden_size}, intermediate_size={c.intermediate_size}, scheme="

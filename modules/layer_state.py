@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 from core.config import MoEConfig
-from core.errors import DeviceError
+from core.errors import DeviceError, NotLoadedError
 from core.scheme import Int4Scheme
 from core.validate import check_expert_weights, check_finite, check_loaded, check_shape
 from core.weights import QuantizedExpertWeights
 from modules.buffers import (
     CODE_BUFFERS,
     FLOAT_BUFFERS,
+    REQUIRED_BUFFERS,
     canonical_buffer_specs,
     check_expert_map,
     default_expert_map,
@@ -129,12 +130,14 @@ class Int4MoEState(nn.Module):
         if gate_weight is not None:  # copies: the caller's tensors stay theirs
             check_shape("gate_weight", gate_weight, (e, d))
             check_finite("gate_weight", gate_weight, allow_meta=True)
+            _check_copyable("gate_weight", gate_weight, device)
             self.gate_weight = nn.Parameter(
                 frozen_copy(gate_weight, torch.float32, device), requires_grad=False
             )
         if correction_bias is not None:
             check_shape("e_score_correction_bias", correction_bias, (e,))
             check_finite("e_score_correction_bias", correction_bias, allow_meta=True)
+            _check_copyable("e_score_correction_bias", correction_bias, device)
             self.register_buffer(
                 "e_score_correction_bias",
                 frozen_copy(correction_bias, torch.float32, device),
@@ -159,12 +162,33 @@ class Int4MoEState(nn.Module):
 
     @property
     def weights(self) -> QuantizedExpertWeights:
-        """The canonical int4 weights (the buffers themselves, not copies)."""
+        """The canonical int4 weights (the buffers themselves, not copies).
+
+        Raises:
+            NotLoadedError: a code or scale buffer was set to ``None``, deleted or made
+                an ``nn.Parameter`` (which torch moves out of the buffers).
+        """
+        for name in REQUIRED_BUFFERS:
+            self._buffer(name)
         return QuantizedExpertWeights.from_tensors(self._buffers, self.scheme)
 
     def _buffer(self, name: str) -> torch.Tensor:
+        """The buffer ``name``, which every layer holds (codes and scales).
+
+        Raises:
+            NotLoadedError: it was set to ``None``, deleted or made a parameter.
+        """
         tensor = self._optional_buffer(name)
-        assert tensor is not None, name
+        if tensor is None:
+            how = (
+                "an nn.Parameter (Int4MoE keeps it as a buffer: assign a tensor)"
+                if name in self._parameters
+                else "none (set to None or deleted)"
+            )
+            raise NotLoadedError(
+                f"{name} must be a tensor buffer of Int4MoE, got {how}; assign a "
+                "tensor or load a state_dict into the layer"
+            )
         return tensor
 
     def _optional_buffer(self, name: str) -> torch.Tensor | None:
@@ -319,6 +343,15 @@ class Int4MoEState(nn.Module):
                 )
         self._prepared = None
         return self
+
+
+def _check_copyable(name: str, tensor: torch.Tensor, device: torch.device) -> None:
+    """``tensor`` has values to copy onto the weights' ``device`` (or both are meta)."""
+    if tensor.is_meta and device.type != "meta":
+        raise DeviceError(
+            f"{name} must hold values to copy beside the weights on {device}, got a "
+            "tensor on the meta device"
+        )
 
 
 def _check_loaded_state(

@@ -393,3 +393,31 @@ def test_quantize_expert_weights_refuses_a_scheme_of_another_type(
     assert isinstance(info.value, TypeError)
     with pytest.raises(ConfigTypeError, match=message):
         choose_qparams(w2, scheme, scale_dtype=torch.bfloat16)  # type: ignore[arg-type]  # on purpose
+
+
+def test_qparams_of_another_mapping_are_refused() -> None:
+    """A zero point with a symmetric scheme (or none with an asymmetric one) was mixed
+    in silently before."""
+    from core.errors import ConfigError
+
+    w = torch.randn(4, 64)
+    sym = choose_qparams(w, INT4_SYM_G32, scale_dtype=torch.float32)
+    asym = choose_qparams(w, INT4_ASYM_G32, scale_dtype=torch.float32)
+    codes = quantize(w, sym, INT4_SYM_G32)
+    with pytest.raises(ConfigError, match="zero_point must be None for int4_sym_g32"):
+        quantize(w, asym, INT4_SYM_G32)
+    with pytest.raises(ConfigError, match="zero_point must be a tensor for int4_asym"):
+        quantize(w, sym, INT4_ASYM_G32)
+    with pytest.raises(ConfigError, match="zero_point must be a tensor for int4_asym"):
+        dequantize(codes, sym, INT4_ASYM_G32)
+
+
+@pytest.mark.parametrize("expert", [-1, 4, 1.0])
+def test_dequantize_expert_refuses_an_expert_not_held(expert: int) -> None:
+    from core.errors import ConfigError
+
+    q = quantize_expert_weights(
+        torch.randn(4, 64, 64), torch.randn(4, 64, 32), INT4_SYM_G32
+    )
+    with pytest.raises(ConfigError, match=r"expert must be an int in \[0, 4\), got"):
+        dequantize_expert(q, expert)

@@ -440,3 +440,25 @@ def test_backward_reference_router_gradient_in_the_weights_dtype(
     )
     (expected,) = torch.autograd.grad(out, w64, grad.double())
     assert rel_l2(expected, grad_w) < REL_L2_VS_ORACLE[torch.bfloat16]
+
+
+def test_reference_refuses_integer_activations(generator: torch.Generator) -> None:
+    """They would be truncated on the way out (an int64 output came back before)."""
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    weights = _weights(4, 32, 64, INT4_SYM_G32, generator, dtype=torch.float32)
+    ids = torch.randint(0, 4, (3, 2), generator=generator)
+    routing = Routing(topk_weights=torch.rand(3, 2, generator=generator), topk_ids=ids)
+    x = torch.randint(-3, 3, (3, 64), generator=generator)
+    with pytest.raises(DTypeError, match="hidden_TD must have a floating dtype, got"):
+        moe_forward_reference(x, weights, routing, config)
+    with pytest.raises(DTypeError, match="hidden_TD must have a floating dtype, got"):
+        moe_backward_reference(x, weights, routing, config, torch.ones(3, 64))
+
+
+def test_activation_refuses_an_odd_last_dim() -> None:
+    from core.activation import apply_activation
+
+    config = MoEConfig(num_experts=4, top_k=2, hidden_size=64, intermediate_size=32)
+    assert apply_activation(torch.randn(3, 8), config).shape == (3, 4)
+    with pytest.raises(ShapeError, match=r"h_NH must have an even last dim.*\(3, 7\)"):
+        apply_activation(torch.randn(3, 7), config)

@@ -85,3 +85,25 @@ def test_checks_on_device_only_for_cuda() -> None:
     with FakeTensorMode():  # a CUDA tensor's device without a GPU
         on_cuda = torch.empty(1, device="cuda")
     assert checks_on_device(on_cuda)
+
+
+def test_check_device() -> None:
+    """Parsed and present devices pass; the rest raise naming the argument."""
+    from core.errors import ConfigTypeError, DeviceError
+    from core.validate import check_device
+
+    assert check_device("d", "cpu", allow_meta=False) == torch.device("cpu")
+    assert check_device("d", torch.device("meta"), allow_meta=True).type == "meta"
+    with pytest.raises(DeviceError, match=r"d must hold values .*, got meta"):
+        check_device("d", "meta", allow_meta=False)
+    with pytest.raises(DeviceError, match="d must name a torch device, got 'gpu'"):
+        check_device("d", "gpu", allow_meta=True)
+    with pytest.raises(
+        ConfigTypeError, match="d must be of type str or device, got int"
+    ):
+        check_device("d", 0, allow_meta=True)  # type: ignore[arg-type]  # runtime caller
+    absent = next(k for k in ("cuda", "xpu") if not getattr(torch, k).is_available())
+    with pytest.raises(
+        DeviceError, match=f"d must be a device present here.*no {absent}"
+    ):
+        check_device("d", absent, allow_meta=True)

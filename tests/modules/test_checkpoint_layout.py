@@ -81,6 +81,24 @@ def test_missing_and_extra_tensors_are_named(generator: torch.Generator) -> None
         )
 
 
+def test_a_checkpoint_of_more_experts_than_the_config_says_is_named(
+    generator: torch.Generator,
+) -> None:
+    """Reported as a list of unexpected tensors before, unlike a D or F mismatch."""
+    state = ct_state(quantized_weights(generator, INT4_SYM_G32))
+    fewer = MoEConfig(
+        num_experts=CFG.num_experts - 1, top_k=2,
+        hidden_size=CFG.hidden_size, intermediate_size=CFG.intermediate_size,
+    )  # fmt: skip
+    held = CFG.num_experts
+    with pytest.raises(
+        ConfigError,
+        match=rf"num_experts={held - 1} but experts numbered up to {held - 1} "
+        rf"\({held} held\)",
+    ):
+        load_experts(state, prefix=PREFIX, config=fewer)
+
+
 def test_asymmetric_compressed_tensors_without_a_zero_point_are_refused(
     generator: torch.Generator,
 ) -> None:

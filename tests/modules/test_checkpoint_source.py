@@ -207,3 +207,59 @@ def test_loading_onto_the_meta_device_is_refused_up_front(
             source, prefix=PREFIX, config=CFG, quantization_config=config,
             device="gpu0",
         )  # fmt: skip
+
+
+def test_malformed_files_are_named_in_a_config_error(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    """Files that are not what they claim raise ``ConfigError`` naming the file."""
+    state = ct_state(quantized_weights(generator, INT4_SYM_G32))
+    cfg = quantization_config(INT4_SYM_G32)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_text("not a safetensors file")
+    with pytest.raises(ConfigError, match=r"bad\.safetensors must be a safetensors"):
+        load_experts(bad, prefix=PREFIX, config=CFG, quantization_config=cfg)
+    (tmp_path / "bad_config").mkdir()
+    save_file(state, str(tmp_path / "bad_config" / "model.safetensors"))
+    (tmp_path / "bad_config" / "config.json").write_text("{oops")
+    with pytest.raises(ConfigError, match=r"config\.json must hold JSON"):
+        load_experts(tmp_path / "bad_config", prefix=PREFIX, config=CFG)
+    (tmp_path / "bad_config" / "config.json").write_text("[1, 2]")
+    with pytest.raises(
+        ConfigError, match=r"config\.json must hold a JSON object, got list"
+    ):
+        load_experts(tmp_path / "bad_config", prefix=PREFIX, config=CFG)
+    indexes: list[dict[str, object]] = [{"metadata": {}}, {"weight_map": {"a": 3}}]
+    for index in indexes:
+        folder = tmp_path / f"index_{len(index)}_{'weight_map' in index}"
+        folder.mkdir()
+        save_file(state, str(folder / "x.safetensors"))
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(ConfigError, match=r"index\.json must map tensor names"):
+            load_experts(folder, prefix=PREFIX, config=CFG, quantization_config=cfg)
+
+
+def test_a_state_dict_of_non_tensors_is_named(generator: torch.Generator) -> None:
+    state = ct_state(quantized_weights(generator, INT4_SYM_G32))
+    arrays = {name: t.numpy() for name, t in state.items()}
+    with pytest.raises(
+        ConfigError, match=r"source\[.*\] must be of type Tensor, got ndarray"
+    ):
+        load_experts(
+            arrays,  # type: ignore[arg-type]  # what a runtime caller may pass
+            prefix=PREFIX, config=CFG,
+            quantization_config=quantization_config(INT4_SYM_G32),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:99", "xpu:7"])
+def test_a_device_not_here_is_refused_before_reading(
+    generator: torch.Generator, tmp_path: Path, device: str
+) -> None:
+    state = ct_state(quantized_weights(generator, INT4_SYM_G32))
+    save_file(state, str(tmp_path / "m.safetensors"))
+    with pytest.raises(DeviceError, match=rf"device must .*{device}"):
+        load_experts(
+            tmp_path, prefix=PREFIX, config=CFG, device=device,
+            quantization_config=quantization_config(INT4_SYM_G32),
+        )  # fmt: skip

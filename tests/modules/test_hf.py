@@ -20,8 +20,8 @@ from transformers import (
     MiniMaxM2ForCausalLM,
 )
 
-from core.errors import BackendUnavailableError, ConfigError
-from core.scheme import INT4_SYM_G32
+from core.errors import BackendUnavailableError, ConfigError, ShapeError
+from core.scheme import INT4_SYM_G32, Int4Scheme
 from modules import Int4MoE
 from modules.hf import (
     Int4SparseMoeBlock,
@@ -119,6 +119,19 @@ def test_replaced_model_compiles_into_one_graph(
     with torch.no_grad():
         out: torch.Tensor = compiled(ids).logits
     torch.testing.assert_close(out, _logits(model, ids), **EXACT)
+
+
+def test_a_scheme_that_does_not_fit_the_layers_is_named_before_any_block() -> None:
+    """The group size is checked against the model's sizes first, naming ``scheme``."""
+    model = _build("mixtral")  # hidden_size 64
+    before = [type(m) for m in model.modules()]
+    with pytest.raises(
+        ShapeError,
+        match=r"scheme must fit the model's MoE layers, got int4_sym_g128: "
+        r"hidden_size=64 must be divisible by group_size=128",
+    ):
+        replace_moe_blocks(model, scheme=Int4Scheme(group_size=128))
+    assert [type(m) for m in model.modules()] == before
 
 
 def test_blocks_routing_outside_their_router_are_refused() -> None:

@@ -22,7 +22,7 @@ from transformers.activations import ACT2FN
 
 from core.activation import apply_activation
 from core.config import MoEConfig
-from core.errors import ConfigError
+from core.errors import ConfigError, ConfigTypeError
 from core.scheme import INT4_SYM_G32
 from modules.hf import find_moe_blocks, replace_moe_blocks
 from modules.hf_block import RoutingMode
@@ -109,6 +109,17 @@ def test_models_without_support_are_refused_by_name() -> None:
         ConfigError, match="model_type 'llama4_text' is not supported: Llama-4 stores"
     ):
         replace_moe_blocks(llama4)
+
+
+@pytest.mark.parametrize(
+    "given", [{"model_type": "mixtral", "num_local_experts": 8}, "mixtral", None]
+)
+def test_a_config_that_is_not_an_object_is_named(given: object) -> None:
+    """A ``config.json`` read as a dict was told it set no expert count before."""
+    with pytest.raises(
+        ConfigTypeError, match="hf_config must be a transformers config object"
+    ):
+        moe_config_from_hf(given)
 
 
 def test_another_family_runs_on_its_own_router(generator: torch.Generator) -> None:

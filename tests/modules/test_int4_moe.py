@@ -254,6 +254,14 @@ def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> Non
         ShapeError, match="w13_bias must be a tensor with expert_bias=True, got None"
     ):
         Int4MoE.from_float(w13_weight=w13, w2_weight=w2, config=cfg)
+    # a finite bias that fp16 cannot hold is named as such, not as NaN/inf input
+    big = torch.full((4, 128), 1e6)
+    for name, biases in (("w13_bias", (big, b2)), ("w2_bias", (b13, big))):
+        with pytest.raises(ShapeError, match=f"{name} must fit torch.float16.*1e"):
+            Int4MoE.from_float(
+                w13_weight=w13, w2_weight=w2, config=cfg, dtype=torch.float16,
+                w13_bias=biases[0], w2_bias=biases[1],
+            )  # fmt: skip
 
 
 def test_runs_inside_torch_compile(generator: torch.Generator) -> None:

@@ -163,6 +163,33 @@ def test_device_mismatch_is_reported(generator: torch.Generator) -> None:
         moe(torch.randn(4, 128), router_logits=torch.empty(4, 8, device="meta"))
 
 
+@pytest.mark.parametrize(
+    ("device", "says"),
+    [
+        ("gpu", "device must name a torch device, got 'gpu'"),
+        ("cuda:99", "device must be a device present here, got 'cuda:99'"),
+        ("xpu:7", "device must be a device present here, got 'xpu:7'"),
+    ],
+)
+def test_a_device_not_here_is_named_at_construction(device: str, says: str) -> None:
+    with pytest.raises(DeviceError, match=says):
+        Int4MoE(CFG, device=device)
+
+
+def test_a_meta_router_beside_real_weights_is_named(generator: torch.Generator) -> None:
+    w13, w2 = _float_weights(generator)
+    with pytest.raises(DeviceError, match="gate_weight must hold values to copy"):
+        Int4MoE.from_float(
+            w13_weight=w13, w2_weight=w2, config=CFG,
+            gate_weight=torch.empty(8, 128, device="meta"),
+        )  # fmt: skip
+    with pytest.raises(DeviceError, match="e_score_correction_bias must hold values"):
+        Int4MoE.from_float(
+            w13_weight=w13, w2_weight=w2, config=CFG,
+            e_score_correction_bias=torch.empty(8, device="meta"),
+        )  # fmt: skip
+
+
 def test_from_quantized_checks_tensors(generator: torch.Generator) -> None:
     w13, w2 = _float_weights(generator)
     q = quantize_expert_weights(w13, w2, INT4_ASYM_G32)

@@ -307,3 +307,32 @@ def test_layers_pickled_before_the_state_split_still_load(
     state["w13_qdata"] = state["w13_qdata"].to(torch.int32)
     with pytest.raises(DTypeError, match="w13_qdata must be uint8"):
         loaded.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("edit", "got"),
+    [
+        ("none", "got none"),
+        ("delete", "got none"),
+        ("parameter", "got an nn.Parameter"),
+    ],
+)
+@pytest.mark.parametrize("name", ["w13_qdata", "w13_scale", "w2_qdata", "w2_scale"])
+def test_a_required_buffer_removed_is_named_and_repr_still_works(
+    generator: torch.Generator, name: str, edit: str, got: str
+) -> None:
+    moe = _module(generator)
+    x = torch.randn(2, 128, generator=generator)
+    logits = torch.randn(2, 8, generator=generator)
+    moe(x, router_logits=logits)
+    if edit == "none":
+        setattr(moe, name, None)
+    elif edit == "delete":
+        delattr(moe, name)
+    else:  # torch moves a Parameter out of the buffers
+        setattr(
+            moe, name, nn.Parameter(getattr(moe, name).float(), requires_grad=False)
+        )
+    with pytest.raises(NotLoadedError, match=f"{name} must be a tensor buffer.*{got}"):
+        moe(x, router_logits=logits)
+    assert "num_experts=8" in repr(moe)

@@ -29,7 +29,7 @@ from core import (
     route_topk,
     unpack_int4,
 )
-from modules import Int4MoE, Int4SparseMoeBlock, RoutingMode, from_checkpoint
+from modules import Int4MoE, Int4SparseMoeBlock, RoutingMode, Source, from_checkpoint
 
 
 class ScaledMoE(Int4MoE):
@@ -113,6 +113,8 @@ def check_layer(
         ScaledMoE.from_checkpoint({}, prefix="p", config=cfg, format=fmt), ScaledMoE
     )
     assert_type(from_checkpoint({}, prefix="p", config=cfg, format=fmt), Int4MoE)
+    source: Source = "path/to/checkpoint"  # what a user's wrapper types its argument
+    assert_type(from_checkpoint(source, prefix="p", config=cfg), Int4MoE)
     assert_type(
         from_checkpoint({}, prefix="p", config=cfg, module_cls=ScaledMoE), ScaledMoE
     )
