@@ -246,5 +246,13 @@ class MoEBackend(Protocol):
     def apply(
         self, hidden_TD: torch.Tensor, prepared: PreparedExperts, routing: Routing
     ) -> torch.Tensor:
-        """``(T, D)`` output in the dtype of ``hidden_TD``."""
+        """``(T, D)`` output in the dtype of ``hidden_TD``.
+
+        ``routing`` comes checked by the caller: ``Int4MoE`` checks its shapes and
+        that its local ids are in ``[-1, E)`` (-1 contributes zero), on the host for
+        CPU ids and by a device-side assert on CUDA (unless ``check_topk_ids`` is
+        off). The CPU backends check the ids again on the host; the Triton ones read
+        them as given (an id past ``E`` reads outside the weights), since a check
+        there would cost a host sync per call.
+        """
         ...

@@ -23,6 +23,7 @@ from core.errors import (
     NotLoadedError as NotLoadedError,
     PreparedTypeError as PreparedTypeError,
     ShapeError as ShapeError,
+    UnsupportedError as UnsupportedError,
 )
 from core.layout import (
     CANONICAL_LAYOUT as CANONICAL_LAYOUT,

@@ -46,3 +46,7 @@ class NotLoadedError(Int4MoEError, RuntimeError):
 
 class PreparedTypeError(Int4MoEError, TypeError):
     """A backend was handed the prepared form of another backend (``check_prepared``)."""
+
+
+class UnsupportedError(Int4MoEError, RuntimeError):
+    """An operation int4-moe does not implement (a second derivative of the layer)."""

@@ -14,6 +14,7 @@ import torch
 
 from backends.base import MoEBackend, PreparedExperts
 from core.config import MoEConfig
+from core.errors import UnsupportedError
 from core.reference import moe_backward_reference
 from core.routing import Routing
 from core.weights import QuantizedExpertWeights
@@ -124,7 +125,7 @@ class _NoSecondDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, ...]:
         del ctx, grads
-        raise RuntimeError(
+        raise UnsupportedError(
             "Int4MoE has no second derivative: its backward (the reference math on "
             "int4 weights) is not differentiable; a double backward through the "
             "layer (create_graph=True, then a gradient of the gradient) is unsupported"

@@ -11,7 +11,7 @@ import torch
 from core.config import MoEConfig
 from core.errors import ConfigError, ConfigTypeError, DTypeError, ShapeError
 from core.scheme import Int4Scheme
-from core.validate import check_shape, check_type
+from core.validate import check_cast_fits, check_shape, check_type
 from core.weights import QuantizedExpertWeights
 
 BufferSpec = tuple[tuple[int, ...], torch.dtype]
@@ -139,6 +139,16 @@ def frozen_copy(
     No autograd history and no storage shared with the caller's tensor.
     """
     return t.detach().to(device=device or t.device, dtype=dtype, copy=True)
+
+
+def fitting_copy(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`frozen_copy` in ``dtype``, if the cast keeps every value.
+
+    Raises ``ShapeError`` naming ``name`` where it would turn finite values to inf or
+    nonzero ones to 0.
+    """
+    check_cast_fits(name, t, dtype)
+    return frozen_copy(t, dtype)
 
 
 def unloaded_buffer(

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from core.config import MoEConfig
 from core.errors import ConfigError, ShapeError
 from core.scheme import Int4Scheme
 from core.validate import check_scheme, check_type
@@ -140,13 +141,7 @@ def replace_moe_blocks(
     )
     model_type = str(getattr(hf_config, "model_type", ""))
     if scheme is not None and checkpoint is None:
-        check_type("scheme", scheme, Int4Scheme)
-        try:
-            check_scheme(scheme, config)
-        except ShapeError as err:
-            raise ShapeError(
-                f"scheme must fit the model's MoE layers, got {scheme.name}: {err}"
-            ) from err
+        _check_scheme_fits(scheme, config)
     blocks = find_moe_blocks(model)
     if not blocks and any(isinstance(m, Int4SparseMoeBlock) for m in model.modules()):
         raise ConfigError(
@@ -195,6 +190,17 @@ def replace_moe_blocks(
     for name, new in built.items():
         model.set_submodule(name, new)
     return list(blocks)
+
+
+def _check_scheme_fits(scheme: Int4Scheme, config: MoEConfig) -> None:
+    """``scheme`` (to quantize float experts to) fits the model's layer sizes."""
+    check_type("scheme", scheme, Int4Scheme)
+    try:
+        check_scheme(scheme, config)
+    except ShapeError as err:
+        raise ShapeError(
+            f"scheme must fit the model's MoE layers, got {scheme.name}: {err}"
+        ) from err
 
 
 def _replacement(

@@ -24,8 +24,6 @@ from core.quantize import quantize_expert_weights
 from core.scheme import INT4_SYM_G32, Int4Scheme
 from core.validate import (
     check_activation_dtype,
-    check_cast_fits,
-    check_device,
     check_expert_weights,
     check_float_expert_weights,
     check_hidden_states,
@@ -34,7 +32,7 @@ from core.validate import (
 )
 from core.weights import QuantizedExpertWeights
 from modules.backward import run_experts, wants_grad
-from modules.buffers import check_optional_tensors, frozen_copy, local_experts
+from modules.buffers import check_optional_tensors, fitting_copy, local_experts
 from modules.custom_op import STATE, describe_layer, forward_op, register_layer
 from modules.layer_state import (
     Int4MoEState,
@@ -109,8 +107,6 @@ class Int4MoE(Int4MoEState):
         check_type("scheme", scheme, Int4Scheme)
         check_scheme(scheme, config)
         check_activation_dtype("dtype", dtype)
-        if device is not None:
-            check_device("device", device, allow_meta=True)
         super().__init__(
             config,
             scheme,
@@ -235,13 +231,14 @@ class Int4MoE(Int4MoEState):
             half = (torch.float16, torch.bfloat16)
             dtype = w13_weight.dtype if w13_weight.dtype in half else torch.bfloat16
         check_activation_dtype("dtype", dtype)
-        for name, bias in (("w13_bias", w13_bias), ("w2_bias", w2_bias)):
-            if bias is not None:  # before the cast, which would turn them to inf
-                check_cast_fits(name, bias, dtype)
         weights = attrs.evolve(
             quantize_expert_weights(w13_weight, w2_weight, scheme, scale_dtype=dtype),
-            w13_bias=None if w13_bias is None else frozen_copy(w13_bias, dtype),
-            w2_bias=None if w2_bias is None else frozen_copy(w2_bias, dtype),
+            w13_bias=None
+            if w13_bias is None
+            else fitting_copy("w13_bias", w13_bias, dtype),
+            w2_bias=None
+            if w2_bias is None
+            else fitting_copy("w2_bias", w2_bias, dtype),
         )
         return cls.from_quantized(
             weights,
@@ -322,16 +319,6 @@ class Int4MoE(Int4MoEState):
         self._backend = name
         self.op_spec = describe_layer(self.config, self.scheme, name)
         self.invalidate_prepared()
-
-    @property
-    def backend_name(self) -> str | None:
-        """Name of the backend of the current prepared form, the one forwards run on.
-
-        ``None`` until a forward prepares one: before the first, and again after
-        anything that drops it (``.to`` and casts, ``load_state_dict``,
-        ``invalidate_prepared``, setting ``backend``).
-        """
-        return None if self._prepared is None else self._prepared.backend.name
 
     def __getstate__(self) -> dict[str, Any]:
         # Machine-specific and derived: pickles and copies prepare again.

@@ -14,7 +14,13 @@ from torch import nn
 from core.config import MoEConfig
 from core.errors import DeviceError, NotLoadedError
 from core.scheme import Int4Scheme
-from core.validate import check_expert_weights, check_finite, check_loaded, check_shape
+from core.validate import (
+    check_device,
+    check_expert_weights,
+    check_finite,
+    check_loaded,
+    check_shape,
+)
 from core.weights import QuantizedExpertWeights
 from modules.buffers import (
     CODE_BUFFERS,
@@ -80,6 +86,8 @@ class Int4MoEState(nn.Module):
         num_local_experts: int | None,
     ) -> None:
         super().__init__()
+        if device is not None:
+            check_device("device", device, allow_meta=True)
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
@@ -194,6 +202,15 @@ class Int4MoEState(nn.Module):
     def _optional_buffer(self, name: str) -> torch.Tensor | None:
         tensor = self._buffers.get(name)
         return tensor
+
+    @property
+    def backend_name(self) -> str | None:
+        """The backend of the prepared form that forwards run on.
+
+        ``None`` until a forward prepares one; again after ``.to``, casts,
+        ``load_state_dict``, ``invalidate_prepared`` or setting ``backend``.
+        """
+        return None if self._prepared is None else self._prepared.backend.name
 
     def invalidate_prepared(self) -> None:
         """Drop the backend's prepared form.
