@@ -108,7 +108,8 @@ class MoEConfig:
         group_score: how grouped top-k ranks a group: `top2_sum`, the sum of its two
             best scores (correction bias included; DeepSeek-V3), or `max`, its best
             score (DeepSeek-V2). ``None`` (the default): `top2_sum` with sigmoid
-            scores, else `max` (``group_ranking`` is the resolved value).
+            scores, else `max` (``group_ranking`` is the resolved value). Given
+            without ``num_expert_group`` it would do nothing, and is refused.
         routed_scaling_factor: multiplies the final top-k weights.
         apply_router_weight_on_input: scale the input by the router weight instead of the
             output (Llama-4 style; needs ``top_k == 1``).
@@ -165,6 +166,11 @@ class MoEConfig:
                 f"num_expert_group={groups}, topk_group={keep}"
             )
         if groups is None or keep is None:
+            if self.group_score is not None:  # it would have no effect
+                raise ConfigError(
+                    "group_score ranks expert groups and needs num_expert_group and "
+                    f"topk_group, got group_score={self.group_score!r} without them"
+                )
             return
         if self.num_experts % groups:
             raise ConfigError(

@@ -49,6 +49,12 @@ def test_wrong_types_are_config_type_errors(
         ("intermediate_size", -64, "intermediate_size must be >= 1, got -64"),
         ("topk_group", 0, "topk_group must be >= 1, got 0"),
         (
+            "group_score",
+            "max",
+            "group_score ranks expert groups and needs num_expert_group and "
+            "topk_group, got group_score='max' without them",
+        ),
+        (
             "routed_scaling_factor",
             float("inf"),
             "routed_scaling_factor must be a finite positive number, got inf",
