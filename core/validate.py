@@ -245,20 +245,25 @@ def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
 
 
 def check_device(
-    name: str, device: torch.device | str, *, allow_meta: bool
+    name: str, device: torch.device | str | int, *, allow_meta: bool
 ) -> torch.device:
     """``device`` as a ``torch.device`` this process can allocate on.
 
-    Raises ``ConfigTypeError`` unless it is a ``str`` or ``torch.device``, and
-    ``DeviceError`` for a name torch does not parse (``"gpu"``), a device type this
-    torch build or machine lacks (``"cuda"`` without a GPU), an index past the
-    devices present, or ``meta`` where values are needed (``allow_meta=False``).
+    Raises ``ConfigTypeError`` unless it is a ``str``, ``torch.device`` or ``int`` (an
+    index of the current accelerator, as torch reads it), and ``DeviceError`` for a
+    name torch does not parse (``"gpu"``), a device type this torch build or machine
+    lacks (``"cuda"`` without a GPU), an index past the devices present, or ``meta``
+    where values are needed (``allow_meta=False``).
     """
-    check_type(name, device, (str, torch.device))
+    if isinstance(device, bool):  # an int to isinstance, never a device
+        check_type(name, device, (str, torch.device))
+    check_type(name, device, (str, torch.device, int))
     try:
         parsed = torch.device(device)
     except RuntimeError as err:
-        raise DeviceError(f"{name} must name a torch device, got {device!r}") from err
+        raise DeviceError(
+            f"{name} must name a torch device, got {device!r} ({err})"
+        ) from err
     kind = parsed.type
     if kind == "meta" and not allow_meta:
         raise DeviceError(f"{name} must hold values (cpu, cuda, xpu, ...), got meta")

@@ -99,9 +99,14 @@ def test_check_device() -> None:
     with pytest.raises(DeviceError, match="d must name a torch device, got 'gpu'"):
         check_device("d", "gpu", allow_meta=True)
     with pytest.raises(
-        ConfigTypeError, match="d must be of type str or device, got int"
+        ConfigTypeError, match="d must be of type str or device, got bool"
     ):
-        check_device("d", 0, allow_meta=True)  # type: ignore[arg-type]  # runtime caller
+        check_device("d", True, allow_meta=True)
+    if torch.accelerator.is_available():  # an int is an index of the accelerator
+        assert check_device("d", 0, allow_meta=True).index == 0
+    else:
+        with pytest.raises(DeviceError, match="d must name a torch device, got 0"):
+            check_device("d", 0, allow_meta=True)
     absent = next(k for k in ("cuda", "xpu") if not getattr(torch, k).is_available())
     with pytest.raises(
         DeviceError, match=f"d must be a device present here.*no {absent}"
