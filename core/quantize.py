@@ -5,6 +5,8 @@ Shape legend: ``N`` output rows, ``K`` reduction dim here (this file has no top-
 ``G`` groups along K. Imports only torch and core.
 """
 
+import operator
+
 import torch
 
 from core.errors import ConfigError, ShapeError
@@ -296,13 +298,19 @@ def dequantize_expert(
     """Dequantize one expert: ``(2F, D)`` and ``(D, F)`` in ``dtype``.
 
     Raises:
-        ConfigError: unless ``expert`` is an int in ``[0, E)`` (a negative index
-            would pick an expert from the end).
+        ConfigError: unless ``expert`` is an integer in ``[0, E)`` (anything
+            ``operator.index`` takes, a numpy or 0-d tensor integer too, but not a
+            bool; a negative index would pick an expert from the end).
     """
-    if type(expert) is not int or not 0 <= expert < weights.num_experts:
+    try:
+        index = None if isinstance(expert, bool) else operator.index(expert)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < weights.num_experts:
         raise ConfigError(
             f"expert must be an int in [0, {weights.num_experts}), got {expert!r}"
         )
+    expert = index
 
     def pick(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t[expert]

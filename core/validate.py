@@ -104,12 +104,16 @@ def check_loaded(name: str, tensor: torch.Tensor | None) -> None:
         )
 
 
-def check_cast_fits(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+def check_cast_fits(
+    name: str, tensor: torch.Tensor, dtype: torch.dtype, *, underflow: bool = True
+) -> None:
     """Raise ``ShapeError`` unless ``tensor`` cast to ``dtype`` keeps its values.
 
-    Finite values must stay finite (no overflow to inf) and nonzero ones nonzero (no
-    underflow to 0): a scale that does either ruins its whole group, silently. Meta
-    tensors (no values) and casts to the same dtype pass.
+    Finite values must stay finite (no overflow to inf) and, with ``underflow``,
+    nonzero ones nonzero (no underflow to 0): a scale that does either ruins its whole
+    group, silently. An additive bias that rounds to 0 loses less than fp16 rounds
+    off its other values: pass ``underflow=False`` for those. Meta tensors (no
+    values) and casts to the same dtype pass.
     """
     if tensor.is_meta or tensor.dtype == dtype or not tensor.numel():
         return
@@ -121,7 +125,7 @@ def check_cast_fits(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None
             f"(largest magnitude {float(tensor.detach().abs().amax()):.3g})"
         )
     lost = (tensor != 0) & (cast == 0)
-    if bool(lost.any()):
+    if underflow and bool(lost.any()):
         smallest = float(tensor.detach()[lost].abs().amin())
         raise ShapeError(
             f"{name} must fit {dtype}, got {int(lost.sum())} nonzero values rounding "
@@ -267,8 +271,8 @@ def check_device(
     kind = parsed.type
     if kind == "meta" and not allow_meta:
         raise DeviceError(f"{name} must hold values (cpu, cuda, xpu, ...), got meta")
-    if kind in ("cpu", "meta"):
-        return parsed
+    if kind in ("cpu", "meta") or torch._guards.detect_fake_mode() is not None:
+        return parsed  # a FakeTensorMode (tracing for a GPU on a CPU) allocates none
     runtime = getattr(torch, kind, None)  # torch.cuda, torch.xpu, torch.mps, ...
     available = getattr(runtime, "is_available", None)
     if callable(available) and not available():

@@ -142,12 +142,12 @@ def frozen_copy(
 
 
 def fitting_copy(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`frozen_copy` in ``dtype``, if the cast keeps every value.
+    """:func:`frozen_copy` of an expert bias in ``dtype``, if no value overflows.
 
-    Raises ``ShapeError`` naming ``name`` where it would turn finite values to inf or
-    nonzero ones to 0.
+    Raises ``ShapeError`` naming ``name`` where the cast would turn finite values to
+    inf; values rounding to 0 are kept as 0 (a bias that small changes nothing).
     """
-    check_cast_fits(name, t, dtype)
+    check_cast_fits(name, t, dtype, underflow=False)
     return frozen_copy(t, dtype)
 
 

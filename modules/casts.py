@@ -23,8 +23,8 @@ def check_cast(
             reads (``.double()``), or that would convert the integer buffers
             (``.type(torch.float16)``).
         ShapeError: for a cast that scales or expert biases do not fit (values
-            overflowing, or nonzero ones rounding to 0, as bf16 scales below fp16's
-            range do under ``.half()``).
+            overflowing; for scales also nonzero ones rounding to 0, as bf16 scales
+            below fp16's range do under ``.half()``).
     """
     scale = buffers["w13_scale"]
     assert scale is not None  # every layer has scales
@@ -54,4 +54,5 @@ def check_cast(
                 f"{name} (cast to {probe.dtype}; this layer was not cast)",
                 tensor,
                 probe.dtype,
+                underflow=not name.endswith("_bias"),  # a bias rounding to 0 is moot
             )

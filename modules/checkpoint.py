@@ -114,8 +114,7 @@ def load_experts(
     if quantization_config is not None:
         check_type("quantization_config", quantization_config, Mapping)
     fmt = to_checkpoint_format(format)
-    _check_load_device(device)
-    src = open_source(source, device)
+    src = open_source(source, _check_load_device(device))
     if quantization_config is None:
         quantization_config = read_quantization_config(source)
     prefix = prefix.rstrip(".")  # the experts' and the router's names alike
@@ -132,7 +131,7 @@ def load_experts(
                 f"tensors ({sorted(_CANONICAL_REQUIRED)}) under {base!r}"
             )
         return _canonical(src, prefix, base, rel, config)
-    plan = plan_projections(rel, config.num_experts)
+    plan = plan_projections(rel, config.num_experts, base)
     modules = [base + key for keys in plan.values() for key in keys]
     opts = parse_quantization_config(
         quantization_config, fmt, module_names=modules
@@ -279,16 +278,17 @@ def _assemble(
     return assemble_experts(w13, role("down"))
 
 
-def _check_load_device(device: torch.device | str) -> None:
-    """``device`` names a device tensors can be loaded onto (present, not ``meta``)."""
-    kind = check_device("device", device, allow_meta=True).type
-    if kind == "meta":
+def _check_load_device(device: torch.device | str | int) -> torch.device:
+    """``device`` parsed: one tensors can be loaded onto (present, not ``meta``)."""
+    parsed = check_device("device", device, allow_meta=True)
+    if parsed.type == "meta":
         msg = (
             "device must hold the checkpoint's values (cpu, cuda, xpu, ...), got meta: "
             "load onto a real device, or build Int4MoE(..., device='meta') and load "
             "its state later"
         )
         raise DeviceError(msg)
+    return parsed
 
 
 def _check_sizes(weights: QuantizedExpertWeights, config: MoEConfig) -> None:

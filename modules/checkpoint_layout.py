@@ -37,8 +37,10 @@ def describe_missing_experts(base: str, names: Iterable[str]) -> str:
     return f"no tensors under {base!r} in the checkpoint{where}"
 
 
-def plan_projections(rel_names: set[str], num_experts: int) -> dict[str, list[str]]:
-    """Role (`gate`, `up`, `gate_up`, `down`) to projection keys under ``experts.``.
+def plan_projections(
+    rel_names: set[str], num_experts: int, base: str = "experts."
+) -> dict[str, list[str]]:
+    """Role (`gate`, `up`, `gate_up`, `down`) to projection keys under ``base``.
 
     Raises:
         ConfigError: when per-expert tensors are numbered past ``num_experts`` (a
@@ -49,8 +51,8 @@ def plan_projections(rel_names: set[str], num_experts: int) -> dict[str, list[st
     if held and max(held) >= num_experts:
         raise ConfigError(
             f"config.num_experts must cover the checkpoint's experts, got "
-            f"num_experts={num_experts} but experts numbered up to {max(held)} "
-            f"({len(held)} held)"
+            f"num_experts={num_experts} but {base!r} numbers experts up to "
+            f"{max(held)} ({len(held)} held)"
         )
     if matches:
         projs = {m.group(2) for m in matches}

@@ -15,7 +15,7 @@ from typing import Any, Final, TypeAlias
 import attrs
 import torch
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DeviceError
 from core.validate import check_type
 
 Source: TypeAlias = str | os.PathLike[str] | Mapping[str, torch.Tensor]
@@ -63,13 +63,14 @@ def _shard_map(path: Path) -> dict[str, Path]:
     elif (path / _INDEX).is_file():
         index = _read_json(path / _INDEX)
         weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict) or not all(
-            isinstance(v, str) for v in weight_map.values()
-        ):
-            raise ConfigError(
-                f"{path / _INDEX} must map tensor names to shard files under "
-                f"'weight_map', got {type(weight_map).__name__}"
-            )
+        want = (
+            f"{path / _INDEX} must map tensor names to shard files under 'weight_map'"
+        )
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{want}, got {type(weight_map).__name__}")
+        for name, file in weight_map.items():
+            if not isinstance(file, str):
+                raise ConfigError(f"{want}, got {name!r} mapped to {file!r}")
         return {name: path / file for name, file in weight_map.items()}
     elif path.is_dir():
         files = sorted(path.glob("*.safetensors"))
@@ -100,12 +101,27 @@ def _shard_map(path: Path) -> dict[str, Path]:
 
 
 def _opened(file: Path, device: str) -> Any:  # safetensors' handle
-    """``safe_open(file)``; a file that is not safetensors is named in a ConfigError."""
+    """``safe_open(file)`` onto ``device``; what it refuses is named.
+
+    A file whose header does not read (on the CPU too) is not safetensors: a
+    ``ConfigError`` names it. A file that reads on the CPU but not onto ``device``
+    is refused for the device: a ``DeviceError``.
+    """
     from safetensors import SafetensorError, safe_open
 
     try:
         return safe_open(file, framework="pt", device=device)
     except SafetensorError as err:
+        if device != "cpu":
+            try:
+                with safe_open(file, framework="pt", device="cpu"):
+                    pass
+            except SafetensorError:
+                pass
+            else:
+                raise DeviceError(
+                    f"device must be one safetensors loads onto, got {device!r}: {err}"
+                ) from err
         raise ConfigError(
             f"checkpoint file {file} must be a safetensors file, got one it cannot "
             f"read: {err}"

@@ -178,7 +178,12 @@ def _build(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
     from modules.int4_moe import Int4MoE  # it imports this module
 
     described = json.loads(spec)
-    config = MoEConfig(**described["config"])
+    fields = dict(described["config"])
+    if fields.get("num_expert_group") is None:  # a group_score alone did nothing, and
+        fields.pop(
+            "group_score", None
+        )  # programs exported before it was refused hold one
+    config = MoEConfig(**fields)
     scheme = Int4Scheme(
         mapping=Int4Mapping(described["scheme"]["mapping"]),
         group_size=described["scheme"]["group_size"],

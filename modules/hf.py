@@ -130,6 +130,8 @@ def replace_moe_blocks(
             (naming each prefix tried and why it failed), or a block whose forward
             does more than ``Int4SparseMoeBlock`` reproduces, or a checkpoint whose
             experts are not of ``scheme`` when one is given.
+        ShapeError: for a ``scheme`` whose group size does not fit the model's
+            layers (no block is replaced).
     """
     hf_config = getattr(model, "config", None)
     if hf_config is None:

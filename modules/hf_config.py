@@ -5,7 +5,6 @@ Duck-typed on the config's attributes (no transformers import): activations, the
 May import core only.
 """
 
-from collections.abc import Mapping
 from typing import Any
 
 from core.config import Activation, MoEConfig
@@ -58,10 +57,17 @@ def moe_config_from_hf(hf_config: Any) -> MoEConfig:
         ConfigError: for a model type outside ``ROUTED_FAMILIES`` (its routing would
             be a guess), an activation int4-moe does not implement, or a config
             without an expert count (a dense model).
-        ConfigTypeError: for a ``dict`` (a ``config.json`` read as JSON), a string
-            or ``None``: the config is read by attribute, as transformers builds it.
+        ConfigTypeError: for a plain ``dict`` (a ``config.json`` read as JSON), a
+            string or ``None``: the config is read by attribute, as transformers
+            builds it.
     """
-    if hf_config is None or isinstance(hf_config, (Mapping, str, bytes)):
+    # A plain dict (or string) holds its values as keys; attribute-reading dict
+    # subclasses (EasyDict, addict) read as configs do, and pass.
+    if (
+        hf_config is None
+        or type(hf_config) is dict
+        or isinstance(hf_config, str | bytes)
+    ):
         raise ConfigTypeError(
             "hf_config must be a transformers config object (read by attribute: "
             "AutoConfig.from_pretrained(...) or model.config), got "

@@ -78,6 +78,7 @@ class Int4MoE(Int4MoEState):
 
     Raises:
         BackendUnavailableError: for a backend name that is not registered.
+        DeviceError: for a ``device`` torch does not parse or this machine lacks.
     """
 
     # The buffers and their annotations: ``Int4MoEState`` (modules/layer_state.py).
@@ -97,7 +98,7 @@ class Int4MoE(Int4MoEState):
         *,
         scheme: Int4Scheme = INT4_SYM_G32,
         backend: str = "auto",
-        device: torch.device | str | None = None,
+        device: torch.device | str | int | None = None,
         dtype: torch.dtype = torch.bfloat16,
         with_gate: bool = False,
         with_correction_bias: bool = False,
@@ -277,7 +278,8 @@ class Int4MoE(Int4MoEState):
             device: where the tensors are loaded.
 
         Raises:
-            ConfigError: on a format mismatch or missing / unexpected tensors (named).
+            ConfigError: on a format mismatch, missing / unexpected tensors or
+                unreadable files (named); DeviceError for a device not present.
 
         See ``modules.checkpoint.load_experts``; only this layer's tensors are read.
         """

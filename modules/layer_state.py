@@ -79,15 +79,16 @@ class Int4MoEState(nn.Module):
         config: MoEConfig,
         scheme: Int4Scheme,
         *,
-        device: torch.device | str | None,
+        device: torch.device | str | int | None,
         dtype: torch.dtype,
         with_gate: bool,
         with_correction_bias: bool,
         num_local_experts: int | None,
     ) -> None:
         super().__init__()
-        if device is not None:
-            check_device("device", device, allow_meta=True)
+        where = (
+            None if device is None else check_device("device", device, allow_meta=True)
+        )
         self.config = config
         self.scheme = scheme
         self._prepared: PreparedCache | None = None
@@ -98,22 +99,22 @@ class Int4MoEState(nn.Module):
         for name in (*CODE_BUFFERS, *FLOAT_BUFFERS):  # absent ones read as None
             spec = specs.get(name)
             self.register_buffer(
-                name, None if spec is None else unloaded_buffer(*spec, device)
+                name, None if spec is None else unloaded_buffer(*spec, where)
             )
         e, d = config.num_experts, config.hidden_size
         self.gate_weight = (  # float32: the top-k is sensitive to router rounding
             nn.Parameter(
-                unloaded_buffer((e, d), torch.float32, device), requires_grad=False
+                unloaded_buffer((e, d), torch.float32, where), requires_grad=False
             )
             if with_gate
             else None
         )
-        bias = unloaded_buffer((e,), torch.float32, device)
+        bias = unloaded_buffer((e,), torch.float32, where)
         self.register_buffer(
             "e_score_correction_bias", bias if with_correction_bias else None
         )
         emap = (
-            None if num_local_experts is None else default_expert_map(e, local, device)
+            None if num_local_experts is None else default_expert_map(e, local, where)
         )
         self.register_buffer("expert_map", emap)
         self._absent_buffers_last()
@@ -188,14 +189,17 @@ class Int4MoEState(nn.Module):
         """
         tensor = self._optional_buffer(name)
         if tensor is None:
-            how = (
-                "an nn.Parameter (Int4MoE keeps it as a buffer: assign a tensor)"
-                if name in self._parameters
-                else "none (set to None or deleted)"
-            )
+            if name in self._parameters:
+                how = (
+                    "an nn.Parameter; Int4MoE keeps it as a buffer: del the parameter, "
+                    f"then register_buffer({name!r}, tensor)"
+                )
+            elif name in self._buffers:
+                how = f"None; assign the tensor back (layer.{name} = tensor)"
+            else:
+                how = f"none (deleted); register_buffer({name!r}, tensor) restores it"
             raise NotLoadedError(
-                f"{name} must be a tensor buffer of Int4MoE, got {how}; assign a "
-                "tensor or load a state_dict into the layer"
+                f"{name} must be a tensor buffer of Int4MoE, got {how}"
             )
         return tensor
 
@@ -323,8 +327,9 @@ class Int4MoEState(nn.Module):
                 in a dtype no backend reads (``.double()``), or that would convert the
                 integer buffers (``.type(torch.float16)``).
             ShapeError: before anything moves, for a cast that scales or expert
-                biases do not fit (values overflowing, or nonzero ones rounding to 0,
-                as bf16 scales below fp16's range do under ``.half()``).
+                biases do not fit (values overflowing; for scales also nonzero ones
+                rounding to 0, as bf16 scales below fp16's range do under
+                ``.half()``).
         """
         check_cast(fn, self._buffers)  # raises before anything moves
         kept = {  # detached: a parameter's .data is swapped in place by _apply

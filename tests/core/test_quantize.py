@@ -412,7 +412,7 @@ def test_qparams_of_another_mapping_are_refused() -> None:
         dequantize(codes, sym, INT4_ASYM_G32)
 
 
-@pytest.mark.parametrize("expert", [-1, 4, 1.0])
+@pytest.mark.parametrize("expert", [-1, 4, 1.0, True])
 def test_dequantize_expert_refuses_an_expert_not_held(expert: int) -> None:
     from core.errors import ConfigError
 
@@ -421,3 +421,17 @@ def test_dequantize_expert_refuses_an_expert_not_held(expert: int) -> None:
     )
     with pytest.raises(ConfigError, match=r"expert must be an int in \[0, 4\), got"):
         dequantize_expert(q, expert)
+
+
+def test_dequantize_expert_takes_any_integer_index() -> None:
+    """numpy and 0-d tensor integers pick the same expert as an int."""
+    import numpy as np
+
+    q = quantize_expert_weights(
+        torch.randn(4, 64, 64), torch.randn(4, 64, 32), INT4_SYM_G32
+    )
+    want = dequantize_expert(q, 2)
+    for index in (np.int64(2), torch.tensor(2)):
+        got = dequantize_expert(q, index)  # type: ignore[arg-type]  # runtime callers
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, **EXACT)

@@ -87,6 +87,16 @@ def test_checks_on_device_only_for_cuda() -> None:
     assert checks_on_device(on_cuda)
 
 
+def test_check_cast_fits_without_underflow() -> None:
+    """For additive biases: values rounding to 0 pass, overflow is still refused."""
+    from core.errors import ShapeError
+    from core.validate import check_cast_fits
+
+    check_cast_fits("b", torch.tensor([1e-9, 1.0]), torch.float16, underflow=False)
+    with pytest.raises(ShapeError, match=r"b must fit torch\.float16, got 1 values"):
+        check_cast_fits("b", torch.tensor([1e-9, 1e6]), torch.float16, underflow=False)
+
+
 def test_check_device() -> None:
     """Parsed and present devices pass; the rest raise naming the argument."""
     from core.errors import ConfigTypeError, DeviceError
@@ -112,3 +122,15 @@ def test_check_device() -> None:
         DeviceError, match=f"d must be a device present here.*no {absent}"
     ):
         check_device("d", absent, allow_meta=True)
+
+
+def test_check_device_under_a_fake_mode_takes_devices_not_here() -> None:
+    """Tracing for a GPU on a CPU host (FakeTensorMode) allocates nothing there."""
+    from core.errors import DeviceError
+    from core.validate import check_device
+
+    absent = next(k for k in ("cuda", "xpu") if not getattr(torch, k).is_available())
+    with FakeTensorMode():
+        assert check_device("d", absent, allow_meta=False).type == absent
+        with pytest.raises(DeviceError, match="d must name a torch device"):
+            check_device("d", "gpu", allow_meta=False)

@@ -93,7 +93,8 @@ def test_a_checkpoint_of_more_experts_than_the_config_says_is_named(
     held = CFG.num_experts
     with pytest.raises(
         ConfigError,
-        match=rf"num_experts={held - 1} but experts numbered up to {held - 1} "
+        match=rf"num_experts={held - 1} but '{PREFIX}\.experts\.' numbers experts up "
+        rf"to {held - 1} "
         rf"\({held} held\)",
     ):
         load_experts(state, prefix=PREFIX, config=fewer)

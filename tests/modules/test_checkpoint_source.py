@@ -263,3 +263,52 @@ def test_a_device_not_here_is_refused_before_reading(
             tmp_path, prefix=PREFIX, config=CFG, device=device,
             quantization_config=quantization_config(INT4_SYM_G32),
         )  # fmt: skip
+
+
+def test_a_corrupt_shard_named_by_an_index_is_named_when_read(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    """Shards an index names are opened only when read: the same ConfigError then."""
+    state = ct_state(quantized_weights(generator, INT4_SYM_G32))
+    save_file(state, str(tmp_path / "good.safetensors"))
+    (tmp_path / "bad.safetensors").write_text("not a safetensors file")
+    weight_map = dict.fromkeys(state, "good.safetensors")
+    weight_map[next(iter(state))] = "bad.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": weight_map})
+    )
+    with pytest.raises(ConfigError, match=r"bad\.safetensors must be a safetensors"):
+        load_experts(
+            tmp_path, prefix=PREFIX, config=CFG,
+            quantization_config=quantization_config(INT4_SYM_G32),
+        )  # fmt: skip
+
+
+def test_a_device_safetensors_cannot_load_onto_is_not_called_a_bad_file(
+    generator: torch.Generator, tmp_path: Path
+) -> None:
+    """torch knows ``lazy`` (no runtime to ask if present); safetensors refuses it."""
+    state = ct_state(quantized_weights(generator, INT4_SYM_G32))
+    save_file(state, str(tmp_path / "m.safetensors"))
+    with pytest.raises(
+        DeviceError, match="device must be one safetensors loads onto, got 'lazy'"
+    ):
+        load_experts(
+            tmp_path, prefix=PREFIX, config=CFG, device="lazy",
+            quantization_config=quantization_config(INT4_SYM_G32),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("quantize_config.json", "{oops"), ("quant_config.json", "[1]")]
+)
+def test_a_quantizers_own_config_that_is_not_a_json_object_is_named(
+    generator: torch.Generator, tmp_path: Path, name: str, text: str
+) -> None:
+    save_file(
+        ct_state(quantized_weights(generator, INT4_SYM_G32)),
+        str(tmp_path / "m.safetensors"),
+    )
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=rf"{name.replace('.', '[.]')} must hold"):
+        load_experts(tmp_path, prefix=PREFIX, config=CFG)

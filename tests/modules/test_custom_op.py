@@ -4,6 +4,7 @@ graph holds it as one custom op, no break; training keeps a break and its backwa
 import contextlib
 import copy
 import gc
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,20 @@ def test_the_op_runs_the_tensors_it_is_given(
     del state, mixed, other
     gc.collect()
     assert custom_op._SHADOWS == {}  # dropped with the tensors they were built on
+
+
+def test_a_spec_with_a_group_score_alone_still_runs(generator: torch.Generator) -> None:
+    """Programs exported while MoEConfig took a group_score without groups (it did
+    nothing; now refused) hold one in their spec: the op still builds and runs."""
+    moe = _layer(generator)
+    x = torch.randn(2, 64, generator=generator)
+    expected, state, described = moe(x), moe.op_state(), json.loads(moe.op_spec)
+    described["config"]["group_score"] = "max"
+    del moe
+    gc.collect()
+    spec = json.dumps(described, sort_keys=True)
+    out = forward_op(x, None, None, None, state, spec)
+    torch.testing.assert_close(out, expected, **EXACT)
 
 
 def test_a_shadow_sees_new_memory_and_yields_to_a_live_layer(

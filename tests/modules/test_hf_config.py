@@ -122,6 +122,20 @@ def test_a_config_that_is_not_an_object_is_named(given: object) -> None:
         moe_config_from_hf(given)
 
 
+def test_a_dict_that_reads_by_attribute_is_read_as_a_config() -> None:
+    """EasyDict-style subclasses read as transformers configs do."""
+
+    class AttrDict(dict[str, object]):
+        def __getattr__(self, name: str) -> object:
+            try:
+                return self[name]
+            except KeyError as err:
+                raise AttributeError(name) from err
+
+    cfg = MixtralConfig(**COMMON, intermediate_size=32, num_local_experts=4)
+    assert moe_config_from_hf(AttrDict(cfg.to_dict())) == moe_config_from_hf(cfg)
+
+
 def test_another_family_runs_on_its_own_router(generator: torch.Generator) -> None:
     """GLM-4.5 looks like the others, but routes with sigmoid scores and a selection
     bias that its config does not name: routing from the config is refused (it would

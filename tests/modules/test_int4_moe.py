@@ -254,6 +254,15 @@ def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> Non
         ShapeError, match="w13_bias must be a tensor with expert_bias=True, got None"
     ):
         Int4MoE.from_float(w13_weight=w13, w2_weight=w2, config=cfg)
+
+
+def test_expert_biases_fp16_cannot_hold(generator: torch.Generator) -> None:
+    cfg = MoEConfig(
+        num_experts=4, top_k=2, hidden_size=128, intermediate_size=64,
+        activation="swigluoai", expert_bias=True,
+    )  # fmt: skip
+    w13, w2 = _float_weights(generator, cfg)
+    b13, b2 = torch.randn(4, 128, generator=generator), torch.randn(4, 128)
     # a finite bias that fp16 cannot hold is named as such, not as NaN/inf input
     big = torch.full((4, 128), 1e6)
     for name, biases in (("w13_bias", (big, b2)), ("w2_bias", (b13, big))):
@@ -262,6 +271,29 @@ def test_expert_biases_round_trip_and_forward(generator: torch.Generator) -> Non
                 w13_weight=w13, w2_weight=w2, config=cfg, dtype=torch.float16,
                 w13_bias=biases[0], w2_bias=biases[1],
             )  # fmt: skip
+    # a bias value rounding to 0 in fp16 is kept as 0 (it changes nothing), in
+    # from_float and under .half() alike; an overflowing one is refused by .half()
+    tiny = b13.clone()
+    tiny[0, 0] = 1e-9
+    half = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=cfg, dtype=torch.float16,
+        w13_bias=tiny, w2_bias=b2,
+    )  # fmt: skip
+    assert half.w13_bias is not None
+    assert float(half.w13_bias[0, 0]) == 0.0
+    bf16 = Int4MoE.from_float(
+        w13_weight=w13, w2_weight=w2, config=cfg, dtype=torch.bfloat16,
+        w13_bias=tiny, w2_bias=b2,
+    )  # fmt: skip
+    assert bf16.half().w13_bias is not None
+    with torch.no_grad():
+        bf16.float()
+        assert bf16.w2_bias is not None
+        bf16.w2_bias[0, 0] = 1e6
+    with pytest.raises(
+        ShapeError, match=r"w2_bias \(cast to torch.float16.*overflowing"
+    ):
+        bf16.half()
 
 
 def test_runs_inside_torch_compile(generator: torch.Generator) -> None:

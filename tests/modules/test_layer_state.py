@@ -312,27 +312,37 @@ def test_layers_pickled_before_the_state_split_still_load(
 @pytest.mark.parametrize(
     ("edit", "got"),
     [
-        ("none", "got none"),
-        ("delete", "got none"),
-        ("parameter", "got an nn.Parameter"),
+        ("none", r"got None; assign the tensor back"),
+        ("delete", r"got none \(deleted\); register_buffer"),
+        (
+            "parameter",
+            r"got an nn.Parameter; .*del the parameter, then register_buffer",
+        ),
     ],
 )
 @pytest.mark.parametrize("name", ["w13_qdata", "w13_scale", "w2_qdata", "w2_scale"])
 def test_a_required_buffer_removed_is_named_and_repr_still_works(
     generator: torch.Generator, name: str, edit: str, got: str
 ) -> None:
+    """Each message's advice restores the layer: it runs as before again."""
     moe = _module(generator)
     x = torch.randn(2, 128, generator=generator)
     logits = torch.randn(2, 8, generator=generator)
-    moe(x, router_logits=logits)
+    before = moe(x, router_logits=logits)
+    tensor = getattr(moe, name)
     if edit == "none":
         setattr(moe, name, None)
     elif edit == "delete":
         delattr(moe, name)
     else:  # torch moves a Parameter out of the buffers
-        setattr(
-            moe, name, nn.Parameter(getattr(moe, name).float(), requires_grad=False)
-        )
+        setattr(moe, name, nn.Parameter(tensor.float(), requires_grad=False))
     with pytest.raises(NotLoadedError, match=f"{name} must be a tensor buffer.*{got}"):
         moe(x, router_logits=logits)
     assert "num_experts=8" in repr(moe)
+    if edit == "none":
+        setattr(moe, name, tensor)
+    elif edit == "parameter":
+        delattr(moe, name)
+    if edit != "none":
+        moe.register_buffer(name, tensor)
+    torch.testing.assert_close(moe(x, router_logits=logits), before, **EXACT)
