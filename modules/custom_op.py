@@ -179,10 +179,10 @@ def _build(state: list[torch.Tensor | None], spec: str) -> "Int4MoE":
 
     described = json.loads(spec)
     fields = dict(described["config"])
-    if fields.get("num_expert_group") is None:  # a group_score alone did nothing, and
-        fields.pop(
-            "group_score", None
-        )  # programs exported before it was refused hold one
+    if fields.get("num_expert_group") is None:
+        # A group_score alone did nothing; specs exported before it was refused
+        # may hold one.
+        fields.pop("group_score", None)
     config = MoEConfig(**fields)
     scheme = Int4Scheme(
         mapping=Int4Mapping(described["scheme"]["mapping"]),
