@@ -141,12 +141,17 @@ def frozen_copy(
     return t.detach().to(device=device or t.device, dtype=dtype, copy=True)
 
 
-def fitting_copy(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def fitting_copy(
+    name: str, t: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
     """:func:`frozen_copy` of an expert bias in ``dtype``, if no value overflows.
 
-    Raises ``ShapeError`` naming ``name`` where the cast would turn finite values to
-    inf; values rounding to 0 are kept as 0 (a bias that small changes nothing).
+    ``None`` (no bias) stays ``None``. Raises ``ShapeError`` naming ``name`` where the
+    cast would turn finite values to inf; values rounding to 0 are kept as 0 (a bias
+    that small changes nothing).
     """
+    if t is None:
+        return None
     check_cast_fits(name, t, dtype, underflow=False)
     return frozen_copy(t, dtype)
 

@@ -234,12 +234,8 @@ class Int4MoE(Int4MoEState):
         check_activation_dtype("dtype", dtype)
         weights = attrs.evolve(
             quantize_expert_weights(w13_weight, w2_weight, scheme, scale_dtype=dtype),
-            w13_bias=None
-            if w13_bias is None
-            else fitting_copy("w13_bias", w13_bias, dtype),
-            w2_bias=None
-            if w2_bias is None
-            else fitting_copy("w2_bias", w2_bias, dtype),
+            w13_bias=fitting_copy("w13_bias", w13_bias, dtype),
+            w2_bias=fitting_copy("w2_bias", w2_bias, dtype),
         )
         return cls.from_quantized(
             weights,
