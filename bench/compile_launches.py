@@ -238,14 +238,23 @@ WGMMA = GemmTiles(
 )  # fmt: skip
 """The warpgroup kernel's tiles (``GemmTiles.wgmma``) in forms the table does not take
 (it takes 64 x 128 on 4 warps in 32-row blocks, reached through the model cases):
-compiled through explicit tiles, in 32-row blocks of 8 warps with a w2 split and
-64-row ones on 4 warps."""
+compiled through explicit tiles, in 32-row blocks of 8 warps with a w2 split,
+64-row ones on 4 warps, and 32-row ones on 4 warps with the words through a cp.async
+ring (3 stages of one step for w13, 2 of 2-step groups for w2)."""
 WGMMA_TILES = (
     MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2), pdl=True),
     MoETiles(
         block_m=64,
         w13=attrs.evolve(WGMMA, block_n=64, num_warps=4),
         w2=attrs.evolve(WGMMA, block_n=64, num_warps=4),
+    ),
+    MoETiles(
+        block_m=32,
+        w13=attrs.evolve(WGMMA, block_n=64, num_warps=4, num_stages=3),
+        w2=attrs.evolve(
+            WGMMA, block_n=64, num_warps=4, num_stages=2, copy_steps=2, split_k=2
+        ),
+        pdl=True,
     ),
 )
 REGISTERS = GemmTiles(
@@ -285,6 +294,7 @@ CASES = (
     Case(16, 4, 1536, 704, (5,), group=-1, asym=True, tiles=REGISTER_TILES),
     Case(8, 2, 4096, 14336, (64, 128), hopper=False),  # the rows the wgmma ones replace
     Case(8, 2, 4096, 14336, (64,), overlap=True),  # the warpgroup kernel's async form
+    Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[2]),  # its words' ring
 )
 QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10, 12))  # every kernel, fewer forms
 ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the most

@@ -1,13 +1,15 @@
 """Offline sm_90 compile of the decode kernels: registers and SASS, no GPU needed.
 
-``python bench/compile_sm90.py [mma]`` compiles ``_moe_gemv_kernel`` (bytes),
+``python bench/compile_sm90.py [mma | wgmma]`` compiles ``_moe_gemv_kernel`` (bytes),
 ``_moe_gemv_words_kernel`` and ``_moe_gemv_pairs_kernel`` with Triton's own compiler
 for an H100/H200 target (``GPUTarget("cuda", 90, 32)``; Triton's wheel bundles
 ``ptxas``, ``cuobjdump`` and ``nvdisasm``), with the meta-parameters of a Mixtral-8x7B
 launch (symmetric group 128, bf16 activations, every size and stride divisible by
 16), gated (w13) and not (w2), the paired kernel also with TMA reads
 (``GemvTiles.tma``); with ``mma`` instead the Gluon decode GEMM ``_moe_gemm_mma_kernel``
-(128 x 128 tiles, 4 warps, at the row blocks and stages of ``MMA_VARIANTS``). It prints
+(128 x 128 tiles, 4 warps, at the row blocks and stages of ``MMA_VARIANTS``); with
+``wgmma`` the warpgroup kernel ``_moe_gemm_wgmma_kernel`` (64 x 128 tiles, 4 warps,
+each MMA waited for, at ``WGMMA_VARIANTS``). It prints
 per variant the registers and stack bytes (spills) a
 thread, the shared memory, the SASS instructions of the K loop's body and its most frequent
 opcodes (the loop: the longest conditional backward branch; TMA waits spin in
@@ -40,6 +42,7 @@ from backends.triton._kernels_gemv import _moe_gemv_kernel
 from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
 from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel
 from backends.triton._kernels_mma import _moe_gemm_mma_kernel
+from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 POINTERS = {
@@ -66,6 +69,11 @@ GROUP = 128
 MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then others measured
     (8, 2, GROUP, 2), (16, 3, GROUP, 1), (8, 1, GROUP, 1), (16, 1, GROUP, 1),
     (8, 3, GROUP, 1), (16, 1, 32, 1), (16, 2, GROUP, 2), (8, 2, GROUP, 4),
+]  # fmt: skip
+WGMMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then rings
+    (32, 1, GROUP, 1), (32, 2, GROUP, 1), (32, 3, GROUP, 1), (32, 4, GROUP, 1),
+    (32, 2, GROUP, 2), (32, 3, GROUP, 2), (32, 2, GROUP, 4), (16, 2, GROUP, 2),
+    (16, 3, GROUP, 1), (32, 3, 32, 1),
 ]  # fmt: skip
 
 
@@ -138,20 +146,27 @@ def compile_mma(
     copy_steps: int = 1,
     x_shared: bool = False,
     pdl: bool = False,
+    wgmma: bool = False,
 ) -> CompiledKernel:
-    """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0."""
+    """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0.
+
+    ``wgmma``: the warpgroup kernel instead, 64 x 128 tiles on 4 warps (the table's),
+    each MMA waited for (no ``x_shared`` there).
+    """
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    params = list(inspect.signature(_moe_gemm_mma_kernel.fn).parameters)
+    kernel: Kernel = _moe_gemm_wgmma_kernel if wgmma else _moe_gemm_mma_kernel
+    params = list(inspect.signature(kernel.fn).parameters)
     constants = {
         "A_DIV": 2 if gated else 1, "GROUP": group, "HAS_ZP": False, "GATED": gated,
-        "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": 128,
-        "BLOCK_M": block_m, "CT": gl.bfloat16, "POST_SCALE": group >= 128,
-        "WARPS": 4, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
-        "X_SHARED": x_shared, "PDL": pdl,
+        "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False,
+        "BLOCK_N": 64 if wgmma else 128, "BLOCK_M": block_m, "CT": gl.bfloat16,
+        "POST_SCALE": group >= 128, "WARPS": 4, "STAGES": stages,
+        "COPY_STEPS": copy_steps, "K32": True, "PDL": pdl,
     }  # fmt: skip
+    constants |= {"ASYNC": False} if wgmma else {"X_SHARED": x_shared}
     signature, attrs = _signature(params, constants, MMA_POINTERS)
-    source = GluonASTSource(_moe_gemm_mma_kernel, signature, constants, attrs)
+    source = GluonASTSource(kernel, signature, constants, attrs)
     return triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}
     )
@@ -202,15 +217,16 @@ def describe(compiled: CompiledKernel) -> str:
 
 def main() -> None:
     """One line per variant and projection."""
-    if sys.argv[1:2] == ["mma"]:
-        for block_m, stages, group, copy in MMA_VARIANTS:
+    if sys.argv[1:2] in (["mma"], ["wgmma"]):
+        wgmma = sys.argv[1] == "wgmma"
+        for block_m, stages, group, copy in WGMMA_VARIANTS if wgmma else MMA_VARIANTS:
             for gated in (True, False):
                 compiled = compile_mma(
                     gated=gated, block_m=block_m, stages=stages, group=group,
-                    copy_steps=copy,
+                    copy_steps=copy, wgmma=wgmma,
                 )  # fmt: skip
                 name = (
-                    f"mma bm{block_m} st{stages}x{copy} g{group} "
+                    f"{sys.argv[1]} bm{block_m} st{stages}x{copy} g{group} "
                     f"{'w13 gated' if gated else 'w2'}"
                 )
                 print(f"{name:30s} {describe(compiled)}", flush=True)

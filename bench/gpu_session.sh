@@ -16,7 +16,10 @@
 # the table on Hopper since): its CUDA tests first, then probe_mma.py PROBE_SET 16
 # against the table (async, then WGMMA_SYNC=1 at Mixtral M = 64), logs in $OUT. Its
 # PROBE_SET 17 runs (sync and async side by side, PROBE_ROUTES draws) were one call:
-# bench/sweeps/probe_mma17_wgmma_h100.log. Next: "bench" on the H200 of the record.
+# bench/sweeps/probe_mma17_wgmma_h100.log. "ring": the warpgroup kernel with its words
+# through a cp.async ring (probe_mma.py PROBE_SET 18 at Mixtral M = 16-256 and
+# Qwen3-235B / Qwen3-30B-A3B M = 256, then its CUDA tests), logs in $OUT; "groups":
+# its 2- and 4-step copy groups (PROBE_SET 19), logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -55,6 +58,42 @@ if [ "$mode" = "wgmma" ]; then
   WGMMA_SYNC=1 PROBE_SET=16 PROBE_M=64 timeout 60 python bench/probe_mma.py mixtral-8x7b \
     > "$out/probe_mma_set16_sync.log" 2>&1 || status=1
   grep -h "M=" "$out"/probe_mma_set16*.log | tail -80
+  exit $status
+fi
+if [ "$mode" = "ring" ]; then  # the warpgroup kernel's words through a cp.async ring
+  probe() {  # log name, sizes, seconds, models
+    local name=$1 sizes=$2 limit=$3; shift 3
+    PROBE_SET=18 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+      > "$out/probe_mma_set18$name.log" 2>&1 || status=1
+  }
+  PROBE_ROUTES=3 probe a 64 150 mixtral-8x7b
+  probe b 16,128,256 90 mixtral-8x7b
+  probe c 256 80 qwen3-235b-a22b qwen3-30b-a3b
+  grep -h "M=" "$out"/probe_mma_set18*.log
+  ring_tests() {  # name, then pytest arguments
+    local name=$1; shift
+    timeout 200 python -m pytest -q -p no:cacheprovider \
+      tests/backends/test_triton_gemm_variants_cuda.py "$@" \
+      > "$out/ring_tests_$name.log" 2>&1 || status=1
+  }
+  ring_tests bf16 -k "ring and wgmma and bfloat16" &
+  ring_tests fp16 -k "ring and wgmma and float16 and not bfloat16" &
+  ring_tests rest -k "k_not_a_multiple or table" &
+  for job in $(jobs -p); do wait "$job" || status=1; done
+  tail -n 2 "$out"/ring_tests_*.log
+  exit $status
+fi
+if [ "$mode" = "groups" ]; then  # the warpgroup kernel's copy groups (PROBE_SET 19)
+  probe() {  # log name, sizes, seconds, models
+    local name=$1 sizes=$2 limit=$3; shift 3
+    PROBE_SET=19 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+      > "$out/probe_mma_set19$name.log" 2>&1 || status=1
+  }
+  PROBE_ROUTES=2 probe a 64 70 mixtral-8x7b
+  probe b 32,128,256,512 70 mixtral-8x7b
+  probe c 256,512 80 qwen3-235b-a22b qwen3-30b-a3b
+  probe d 512 60 deepseek-v3
+  grep -h "M=" "$out"/probe_mma_set19*.log
   exit $status
 fi
 if [ "$mode" = "probes" ]; then

@@ -26,7 +26,13 @@ blocks (32 and 64 where the table's blocks are larger) of 64 x 128 on 4 warps an
 the table's and halved; ``WGMMA_SYNC=1``: each MMA waited for before the next
 dequantization); ``PROBE_SET=17``: the warpgroup kernel in 16- and 32-row blocks of
 64 x 128 on 4 warps and 128 x 128 on 8, each async and sync (a key ending in
-``sync``) in the same process, the w2 split as the table's; ``PROBE_ROUTES=n``: each
+``sync``) in the same process, the w2 split as the table's; ``PROBE_SET=18``: the
+warpgroup kernel (64 x 128, 4 warps, sync) in 32-row blocks with its words one step
+ahead in registers or through a cp.async ring of 2-4 stages of one step or 2-3 of
+2-step groups (``WGMMA_RINGS``; three of them in 16-row blocks), the w2 split and PDL
+as the table's; ``PROBE_SET=19``: the warpgroup kernel with 2- and 4-step copy groups
+(``WGMMA_GROUPS``);
+``PROBE_ROUTES=n``: each
 model and M on n routing draws;
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
 above, each output

@@ -92,6 +92,57 @@ def _set_16(
     return out
 
 
+WGMMA_RINGS = ((1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (3, 2))
+"""``PROBE_SET=18``: (ring stages, steps a copy group holds) of the warpgroup kernel's
+words in 32-row blocks (16-row ones: three of them); ``(1, 1)``: one step ahead in
+registers, the table's form before the ring."""
+
+
+def _set_18(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=18`` (the module docstring): the warpgroup kernel's words' ring."""
+    for bm in (32, 16):
+        for stages, copy in WGMMA_RINGS if bm == 32 else ((1, 1), (3, 1), (2, 2)):
+            form = attrs.evolve(
+                MMA_TILES, block_n=64, num_warps=4, num_stages=stages,
+                copy_steps=copy, wgmma=True,
+            )  # fmt: skip
+            out[f"wgmma bm{bm} st{stages}x{copy} sync"] = MoETiles(
+                block_m=bm,
+                w13=attrs.evolve(form, split_k=1),
+                w2=attrs.evolve(form, split_k=default.w2.split_k),
+                pdl=default.pdl,
+            )
+    out["table gemm again"] = default
+    return out
+
+
+WGMMA_GROUPS = ((32, 2, 2), (32, 3, 2), (32, 2, 4), (16, 2, 2), (16, 2, 4))
+"""``PROBE_SET=19``: (row block, ring stages, steps a copy group holds) of the warpgroup
+kernel, after ``PROBE_SET=18`` found 2-step copy groups ahead (one row's two steps,
+128 bytes, copied back to back)."""
+
+
+def _set_19(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=19`` (the module docstring): the warpgroup kernel's copy groups."""
+    for bm, stages, copy in WGMMA_GROUPS:
+        form = attrs.evolve(
+            MMA_TILES, block_n=64, num_warps=4, num_stages=stages, copy_steps=copy,
+            wgmma=True,
+        )  # fmt: skip
+        out[f"wgmma bm{bm} st{stages}x{copy} sync"] = MoETiles(
+            block_m=bm,
+            w13=attrs.evolve(form, split_k=1),
+            w2=attrs.evolve(form, split_k=default.w2.split_k),
+            pdl=default.pdl,
+        )
+    out["table gemm again"] = default
+    return out
+
+
 def _set_17(
     default: MoETiles, out: dict[str, MoETiles | None]
 ) -> dict[str, MoETiles | None]:
@@ -325,6 +376,8 @@ def _set_shapes(
 
 
 _SETS = {
+    "19": _set_19,
+    "18": _set_18,
     "17": _set_17,
     "16": _set_16,
     "15": _set_15,

@@ -17,10 +17,13 @@ step's activation is written once into one of two shared-memory slots, in logica
 order, and 32-row blocks (or more) cost the accumulator's ``BLOCK_M / 2`` registers
 a thread and tile, so an expert with 17-32 pairs is read once instead of twice.
 
-Words and scales come one step ahead in registers (``_load_words``); the activation
-of the next step is loaded into registers during the step and stored into the other
-slot while the step's MMAs run (``ASYNC``; else after them), a CTA barrier ending each
-step. sm_90 only (``wgmma``); no interpreter.
+Words come one step ahead in registers (``STAGES`` 1, ``_load_words``) or through the
+``mma.sync`` kernel's cp.async ring (``STAGES`` > 1: ``_ring_prologue``,
+``_ring_step``; each thread copies and reads back its own words, so the ring needs no
+barrier of its own); scales one step ahead in registers. The activation of the next
+step is loaded into registers during the step and stored into the other slot while
+the step's MMAs run (``ASYNC``; else after them), a CTA barrier ending each step.
+sm_90 only (``wgmma``); no interpreter.
 """
 
 from triton.experimental import gluon
@@ -32,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from backends.triton._kernels import _grid_dependency
-from backends.triton._kernels_mma import _store_tile
+from backends.triton._kernels_mma import _ring_prologue, _ring_step, _store_tile
 from backends.triton._kernels_mma_setup import (
     _first_step,
     _load_x,
@@ -49,6 +52,8 @@ from backends.triton._kernels_mma_steps import (
 
 # A CTA-wide barrier: ``thread_barrier`` in triton 3.6, renamed ``barrier`` in 3.7.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+NO_X_RING: gl.constexpr = gl.constexpr(value=False)
+"""``X_SHARED`` of the ring's helpers: the activation has its own slots here."""
 
 
 @gluon.constexpr_function
@@ -178,11 +183,15 @@ def _moe_gemm_wgmma_kernel(
     WARPS: gl.constexpr,
     PDL: gl.constexpr,
     ASYNC: gl.constexpr,
+    STAGES: gl.constexpr,
+    COPY_STEPS: gl.constexpr,
+    K32: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
-    Column tiles in row-block-fastest order; K steps of 128. ``PDL`` as in
-    ``_moe_gemm_mma_kernel``.
+    Column tiles in row-block-fastest order; K steps of 128. ``PDL``, ``STAGES``,
+    ``COPY_STEPS`` and ``K32`` as in ``_moe_gemm_mma_kernel`` (no ``X_SHARED``: the
+    activation has its own two slots here).
     """
     if PDL:
         _grid_dependency(WAIT=True, NEXT=False)
@@ -207,34 +216,34 @@ def _moe_gemm_wgmma_kernel(
     acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
+    w_end = k_end // 32 * 4 if K32 else k_end // 8  # K32: 16-byte word copies
     w = (
-        w_e, s_e, z_e, rows, row_mask, kw, rows_c, n_mask, k_end, k_end // 8,
-        stride_wn,
+        w_e, s_e, z_e, rows, row_mask, kw, rows_c, n_mask, k_end, w_end, stride_wn,
     )  # fmt: skip
     slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_shared_layout())
+    no_copies = (None, None, None)  # the ring carries words only (NO_X_RING)
+    rings = (None, None, None)  # without a ring (STAGES 1) nothing is allocated
+    if STAGES > 1:  # here: a helper cannot return None (Triton 3.6 and 3.7)
+        rings = _ring_prologue(
+            w, no_copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS,
+            NO_X_RING, a_ptr.dtype.element_ty,
+        )  # fmt: skip
     x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
     _stage(slots.index(0), x, CT, BLOCK_M)
     _cta_barrier()
-    wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = _first_step(
-        w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, RING=False
+    cur = _first_step(
+        w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, STAGES > 1
     )
     it = 0
     for k0 in range(k_start, k_end, 128):
         x_next = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k0 + 128, k_end)
-        nxt = _next_step(
-            w, k0 + 128, N, stride_sn, sc, sc_up, GROUP, HAS_ZP, CT, POST_SCALE,
-            GATED, RING=False,
-        )  # fmt: skip
-        # The other slot, written during this step's MMAs, was last read by the
-        # step before, whose MMAs every warp waited for before the barrier ending it.
-        acc, acc_up = _wgmma_pair(
-            acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up,
-            slots.index(it % 2), x_next, slots.index((it + 1) % 2), CT, BLOCK_N,
-            BLOCK_M, A_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC,
+        acc, acc_up, cur = _wgmma_loop_step(
+            acc, acc_up, cur, rings, w, slots, x_next, it, k0 + 128, k_start, N,
+            stride_sn, GROUP, HAS_ZP, CT, BLOCK_N, BLOCK_M, W_LAYOUT, A_LAYOUT,
+            ACC_LAYOUT, POST_SCALE, GATED, ASYNC, STAGES, COPY_STEPS,
         )  # fmt: skip
         _cta_barrier()  # the next slot's stores visible to the next step's MMAs
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
-        wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = nxt
 
     _store_tile(
         acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
@@ -242,6 +251,40 @@ def _moe_gemm_wgmma_kernel(
         stride_cm, stride_bias, BLOCK_M, gl.SliceLayout(0, ACC_LAYOUT), GATED, ACT,
         WEIGHT_ROWS, HAS_BIAS, PDL,
     )  # fmt: skip
+
+
+@gluon.jit
+def _wgmma_loop_step(
+    acc, acc_up, cur, rings, w, slots, x_next, it, nk, k_start, N, stride_sn,
+    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, CT: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_LAYOUT: gl.constexpr,
+    A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
+    GATED: gl.constexpr, ASYNC: gl.constexpr, STAGES: gl.constexpr,
+    COPY_STEPS: gl.constexpr,
+):  # fmt: skip
+    """Step ``it``: the next step's scales (and words) at ``nk``, this step's MMAs.
+
+    Returns ``acc``, ``acc_up`` and the next step's ``_first_step``-like tuple. The
+    step's activation is in slot ``it % 2``; ``x_next`` goes into the other one, which
+    the step before read, its MMAs waited for by every warp before the barrier that
+    ended it. With a ring (``STAGES`` > 1) the words come from ``_ring_step``.
+    """
+    wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = cur
+    nxt = _next_step(
+        w, nk, N, stride_sn, sc, sc_up, GROUP, HAS_ZP, CT, POST_SCALE, GATED,
+        STAGES > 1,
+    )  # fmt: skip
+    if STAGES > 1:
+        wd, wd_up, _ = _ring_step(
+            rings, w, (None, None, None), it, x_next, k_start, N, W_LAYOUT, GATED,
+            STAGES, COPY_STEPS, NO_X_RING,
+        )  # fmt: skip
+    acc, acc_up = _wgmma_pair(
+        acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up,
+        slots.index(it % 2), x_next, slots.index((it + 1) % 2), CT, BLOCK_N, BLOCK_M,
+        A_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC,
+    )  # fmt: skip
+    return acc, acc_up, nxt
 
 
 @gluon.jit

@@ -291,7 +291,10 @@ def _launch_gluon(
     if wgmma:
         from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
 
-        _moe_gemm_wgmma_kernel[grid](*args, **meta, ASYNC=WGMMA_ASYNC)
+        _moe_gemm_wgmma_kernel[grid](
+            *args, **meta, ASYNC=WGMMA_ASYNC, STAGES=tiles.num_stages,
+            COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
+        )  # fmt: skip
         return
     from backends.triton._kernels_mma import _moe_gemm_mma_kernel
 

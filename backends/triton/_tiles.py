@@ -66,9 +66,10 @@ class GemmTiles:
             register A operand), so row blocks of 32 tokens cost no spills. Needs
             ``num_warps`` 4 or 8 (whole warpgroups), ``block_n`` ``16 * num_warps``
             (one 64-row tile a warpgroup: with two the gated w13 on 4 warps spilled
-            72-568 bytes a thread, offline sm_90) and ``num_stages`` 1 (words one
-            step ahead in registers). Elsewhere the ``mma.sync`` kernel takes the
-            same tiles.
+            72-568 bytes a thread, offline sm_90) and no ``x_shared`` (the
+            activation has its own shared slots there); ``num_stages`` and
+            ``copy_steps`` form the words' ring as for ``mma.sync``. Elsewhere the
+            ``mma.sync`` kernel takes the same tiles.
     """
 
     block_n: int
@@ -105,13 +106,13 @@ class GemmTiles:
             not self.mma
             or self.num_warps not in (4, 8)
             or self.block_n != 16 * self.num_warps
-            or self.num_stages != 1
+            or self.x_shared
         ):
             msg = (
                 "GemmTiles.wgmma needs mma=True, num_warps 4 or 8, block_n 16 * "
-                "num_warps (one 64-row tile a warpgroup) and num_stages 1, got "
+                "num_warps (one 64-row tile a warpgroup) and x_shared False, got "
                 f"mma={self.mma}, num_warps={self.num_warps}, block_n={self.block_n}, "
-                f"num_stages={self.num_stages}"
+                f"x_shared={self.x_shared}"
             )
             raise ValueError(msg)
         if self.mma and not self.int4_words:

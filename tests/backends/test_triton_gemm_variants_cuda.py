@@ -157,6 +157,20 @@ VARIANTS = {
     "wgmma-64x128x128-w8-split2": MoETiles(
         block_m=64, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)
     ),
+    "wgmma-32x64x128-w4-ring3-split2": MoETiles(
+        block_m=32,
+        w13=attrs.evolve(WGMMA, block_n=64, num_warps=4, num_stages=3),
+        w2=attrs.evolve(WGMMA, block_n=64, num_warps=4, num_stages=3, split_k=2),
+    ),
+    "wgmma-16x64x128-w4-ring2-copy2-w13split2-split3": MoETiles(
+        block_m=16,
+        w13=attrs.evolve(
+            WGMMA, block_n=64, num_warps=4, num_stages=2, copy_steps=2, split_k=2
+        ),
+        w2=attrs.evolve(
+            WGMMA, block_n=64, num_warps=4, num_stages=2, copy_steps=2, split_k=3
+        ),
+    ),
     "words-swap-16x64x128-w13split2": attrs.evolve(
         _tiles(16, 64, 128, swap=True, halves=False, split=1, words=True),
         w13=attrs.evolve(
@@ -179,7 +193,9 @@ through the ring too (``GemmTiles.x_shared``), in 8-, 16- and 32-row blocks (the
 columns in 3 splits of 2 steps) and a w13 split. ``wgmma``: the warpgroup-MMA kernel
 (on Hopper; elsewhere these tiles run the ``mma.sync`` kernel), one 64-row tile a
 warpgroup: 32- and 64-row blocks on two warpgroups, 8-, 16- and 64-row blocks on one
-(16 with both K splits; 300 tokens give partial 64-row blocks)."""
+(16 with both K splits; 300 tokens give partial 64-row blocks); ``ring``: its words
+through the cp.async ring (3 stages of one step; 2 of 2-step groups, with splits whose
+groups run past their ends)."""
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
@@ -302,6 +318,8 @@ def test_mma_matches_word_kernel(scheme: Int4Scheme, dtype: torch.dtype) -> None
         (2, 2, False, False),
         (2, 2, True, False),
         (1, 1, False, True),
+        (3, 1, False, True),
+        (2, 2, False, True),
     ],
 )
 @pytest.mark.parametrize("scheme", [SCHEMES[4], SCHEMES[9]], ids=lambda s: s.name)
