@@ -18,6 +18,7 @@ from backends.triton._configs_mma import (
     WGMMA_LARGE_EXPERT,
     WGMMA_MAX_PER_EXPERT,
     mma_tiles,
+    wgmma_decode_tiles,
     wgmma_tiles,
 )
 from backends.triton._tiles import (
@@ -350,18 +351,17 @@ def int4_tiles(
     registers' 16-byte loads but slower than their 8-byte ones of probe_mma3.
 
     With ``wgmma`` (Hopper) the warpgroup kernel's ``wgmma_tiles`` take the sizes
-    past ``INT4_FEW_PER_EXPERT`` pairs per expert up to ``WGMMA_MAX_PER_EXPERT`` and,
-    for experts of at least ``WGMMA_LARGE_EXPERT``, the decode row at
-    ``WGMMA_DECODE_MIN_PER_EXPERT``.
+    past ``INT4_FEW_PER_EXPERT`` pairs per expert up to ``WGMMA_MAX_PER_EXPERT``, and
+    its ``wgmma_decode_tiles`` the decode row at ``WGMMA_DECODE_MIN_PER_EXPERT``.
     """
     if wgmma and INT4_FEW_PER_EXPERT < per_expert <= WGMMA_MAX_PER_EXPERT:
         return wgmma_tiles(split=1, pdl=False)
     if per_expert <= INT4_FEW_PER_EXPERT:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
-        large = hidden * inter >= WGMMA_LARGE_EXPERT
-        if wgmma and large and per_expert >= WGMMA_DECODE_MIN_PER_EXPERT:
-            return wgmma_tiles(split=split, pdl=True)
+        if wgmma and per_expert >= WGMMA_DECODE_MIN_PER_EXPERT:
+            large = hidden * inter >= WGMMA_LARGE_EXPERT
+            return wgmma_decode_tiles(split=split, large=large)
         if mma:
             return mma_tiles(
                 num_pairs, num_experts, per_expert, hidden, inter, split=split

@@ -20,14 +20,21 @@ MMA_TILES: Final = GemmTiles(
 """The int4 decode row's tiles where the Gluon kernel runs (``int4_tiles``), 8-row
 blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
 WGMMA_TILES: Final = GemmTiles(
-    block_n=64, block_k=128, num_warps=4, num_stages=1, swap_ab=True,
-    int4_words=True, mma=True, wgmma=True,
+    block_n=64, block_k=128, num_warps=4, num_stages=2, swap_ab=True,
+    int4_words=True, mma=True, wgmma=True, copy_steps=2,
 )  # fmt: skip
 """The warpgroup-MMA kernel's tiles (Hopper: ``wgmma_target``), in ``WGMMA_BLOCK``-row
-blocks, each MMA waited for (``_launch.WGMMA_ASYNC``): from ``INT4_FEW_PER_EXPERT`` + 1
-to ``WGMMA_MAX_PER_EXPERT`` pairs per expert for every expert size, and at
-``WGMMA_DECODE_MIN_PER_EXPERT`` for experts of at least ``WGMMA_LARGE_EXPERT``
-(``wgmma_tiles``; measured on an H100, bench/sweeps/probe_mma17_wgmma_h100.log)."""
+blocks, each MMA waited for (``_launch.WGMMA_ASYNC``), the words through a 2-stage
+cp.async ring of 2-step copy groups: from ``INT4_FEW_PER_EXPERT`` + 1 to
+``WGMMA_MAX_PER_EXPERT`` pairs per expert for every expert size, and at
+``WGMMA_DECODE_MIN_PER_EXPERT`` (``wgmma_decode_tiles``). Measured on an H100
+(bench/sweeps/probe_mma17_wgmma_h100.log for the form, probe_mma18_wgmma_ring_h100.log
+and probe_mma19_wgmma_groups_h100.log for the ring; ms, eager, against the same kernel
+with its words one step ahead in registers, the table's form before): Mixtral
+M = 128 / 256 / 512 (32 / 64 / 128 pairs an expert) 0.559 / 0.885 / 1.509 against
+0.629 / 0.965 / 1.603, Qwen3-235B M = 512 0.896 against 1.032, Qwen3-30B-A3B M = 512
+0.282 against 0.309. One-step copy groups (2-4 stages) were 4-9% slower, 4-step ones
+slower than the registers' form."""
 WGMMA_BLOCK: Final = 32
 WGMMA_MAX_PER_EXPERT: Final = 128
 """The most pairs per expert (ceiling average) measured faster on the warpgroup kernel
@@ -35,16 +42,26 @@ WGMMA_MAX_PER_EXPERT: Final = 128
 up to the dequant path, the Triton nibble-halves GEMM stays. Measured at 32, 64 and
 128; 17-31 are taken as 32 (the GEMM it replaces there is the one it beat at 32)."""
 WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
-"""From this many pairs per expert the decode row of experts of at least
-``WGMMA_LARGE_EXPERT`` takes the warpgroup kernel: measured at 16 only (below, 32-row
-blocks waste more of their rows and nothing was measured, so ``mma.sync`` stays)."""
+"""From this many pairs per expert the decode row takes the warpgroup kernel
+(``wgmma_decode_tiles``): measured at 16 only (below, nothing was measured but
+Mixtral M = 32, 8 pairs an expert, where 16-row blocks of the ring tied the
+``mma.sync`` row's 0.327 ms, so ``mma.sync`` stays)."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
-"""``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the warpgroup kernel
-also takes the decode row at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs per expert: Mixtral
-M = 64 on three routing draws 0.435-0.437 ms against the table's 0.534, 0.440, 0.436
-(H100; a win on one draw, ties on two); smaller experts lost there (Qwen3-235B M = 256
-0.793 vs 0.690, Qwen3-30B-A3B 0.231 vs 0.205, DeepSeek-V3 M = 512 3.84 vs 3.77). No
-expert size between DeepSeek-V3's 2^23.8 and Mixtral's 2^25.8 was measured."""
+"""``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
+warpgroup tiles are ``WGMMA_BLOCK`` rows with ``WGMMA_DECODE_STAGES`` stages; below,
+``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``."""
+WGMMA_DECODE_STAGES: Final = 3
+"""Ring stages of the decode row for experts of at least ``WGMMA_LARGE_EXPERT``: Mixtral
+M = 64 (16 pairs an expert), graph replay, ms, five routing draws on an H100
+(probe_mma18 and 19): 3 stages 0.377 / 0.382 / 0.380 / 0.378 / 0.386 against 2 stages'
+0.381 / 0.392 / 0.391 / 0.383 / 0.396 and the registers' form's 0.434-0.436 (16-row
+blocks of 2 stages: 0.394-0.437)."""
+WGMMA_DECODE_SMALL_BLOCK: Final = 16
+"""Row blocks of the decode row for experts below ``WGMMA_LARGE_EXPERT`` at 16 pairs an
+expert (graph replay at M <= 64, eager above; ms, H100, probe_mma18 and 19, against
+the ``mma.sync`` row): Qwen3-235B M = 256 0.639 / 0.640 against 0.689 / 0.706 (32-row
+blocks 0.682 / 0.689); DeepSeek-V3 M = 512 3.162 against 3.764 (32 rows 3.166);
+Qwen3-30B-A3B M = 256 0.200 / 0.203 against 0.203-0.207."""
 MMA_SMALL_BLOCK: Final = 8
 """Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
 ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);
@@ -174,13 +191,31 @@ def wgmma_tiles(*, split: int, pdl: bool) -> MoETiles:
     """``WGMMA_TILES`` in ``WGMMA_BLOCK``-row blocks, w13 unsplit, w2 ``split`` ways.
 
     Measured against the table on an H100 (graph replay at M <= 64, eager above, ms,
-    bench/sweeps/probe_mma17_wgmma_h100.log): Mixtral M = 128, 256, 512 0.624, 0.898,
-    1.594 vs 0.774, 1.036, 1.774; Qwen3-235B M = 512 1.028 vs 1.218; Qwen3-30B-A3B
-    M = 512 0.309 vs 0.368; DeepSeek-V3 M = 1024 5.16 vs 5.32.
+    bench/sweeps/probe_mma17_wgmma_h100.log, with the words in registers): Mixtral
+    M = 128, 256, 512 0.624, 0.898, 1.594 vs 0.774, 1.036, 1.774; Qwen3-235B M = 512
+    1.028 vs 1.218; Qwen3-30B-A3B M = 512 0.309 vs 0.368; DeepSeek-V3 M = 1024 5.16 vs
+    5.32 (the ring's gains on top: ``WGMMA_TILES``).
     """
     return MoETiles(
         block_m=WGMMA_BLOCK,
         w13=WGMMA_TILES,
         w2=attrs.evolve(WGMMA_TILES, split_k=split),
         pdl=pdl,
+    )
+
+
+def wgmma_decode_tiles(*, split: int, large: bool) -> MoETiles:
+    """The decode row on the warpgroup kernel at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs.
+
+    ``large`` (experts of at least ``WGMMA_LARGE_EXPERT``): ``WGMMA_BLOCK``-row blocks
+    of a ``WGMMA_DECODE_STAGES``-stage ring; else ``WGMMA_DECODE_SMALL_BLOCK``-row
+    blocks of ``WGMMA_TILES``. w13 unsplit, w2 ``split`` ways (the decode row's), with
+    programmatic dependent launch, as the ``mma.sync`` row it replaces.
+    """
+    form, block = WGMMA_TILES, WGMMA_DECODE_SMALL_BLOCK
+    if large:
+        form = attrs.evolve(WGMMA_TILES, num_stages=WGMMA_DECODE_STAGES)
+        block = WGMMA_BLOCK
+    return MoETiles(
+        block_m=block, w13=form, w2=attrs.evolve(form, split_k=split), pdl=True
     )

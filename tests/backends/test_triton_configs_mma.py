@@ -129,8 +129,6 @@ QWEN3_235B = (128, 4096, 1536)
 @pytest.mark.parametrize(
     ("per_expert", "shape", "split", "pdl"),
     [
-        (16, MIXTRAL, 1, True),  # Mixtral M = 64: the decode row of a large expert
-        (16, (2, 4096, 8192), 4, True),  # 2^25 weights exactly: the decode row's split
         (17, MIXTRAL, 1, False),  # the prefill row's form from here
         (32, MIXTRAL, 1, False),  # Mixtral M = 128
         (128, MIXTRAL, 1, False),  # Mixtral M = 512: WGMMA_MAX_PER_EXPERT
@@ -141,16 +139,15 @@ QWEN3_235B = (128, 4096, 1536)
 def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
     per_expert: int, shape: tuple[int, int, int], split: int, pdl: bool
 ) -> None:
-    """``wgmma``: 32-row blocks of ``WGMMA_TILES`` from 17 to ``WGMMA_MAX_PER_EXPERT``
-    pairs per expert, and at ``WGMMA_DECODE_MIN_PER_EXPERT`` for experts of at least
-    ``WGMMA_LARGE_EXPERT``; the w2 split and PDL of the row they replace (decode: the
-    table's split, with PDL; prefill: unsplit, without)."""
+    """``wgmma``: 32-row blocks of ``WGMMA_TILES`` (a 2-stage ring of 2-step copy
+    groups) from 17 to ``WGMMA_MAX_PER_EXPERT`` pairs per expert, unsplit, without
+    PDL (the prefill row's)."""
     experts, hidden, inter = shape
     pairs = per_expert * experts
     got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
     assert got.block_m == mma_configs.WGMMA_BLOCK == 32
     assert got.w13 == mma_configs.WGMMA_TILES
-    assert got.w13.wgmma
+    assert (got.w13.wgmma, got.w13.num_stages, got.w13.copy_steps) == (True, 2, 2)
     assert got.w2 == attrs.evolve(mma_configs.WGMMA_TILES, split_k=split)
     assert got.pdl is pdl
     # the same sizes without Hopper (or without the Gluon kernel): no warpgroup tiles
@@ -159,14 +156,43 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
 
 
 @pytest.mark.parametrize(
+    ("shape", "block_m", "stages", "split"),
+    [
+        (MIXTRAL, 32, 3, 1),  # Mixtral M = 64: a large expert
+        ((2, 4096, 8192), 32, 3, 4),  # 2^25 weights exactly: the decode row's split
+        (QWEN3_235B, 16, 2, 1),  # Qwen3-235B M = 256
+        ((128, 2048, 768), 16, 2, 1),  # Qwen3-30B-A3B M = 256
+        ((256, 7168, 2048), 16, 2, 1),  # DeepSeek-V3 M = 512
+    ],
+)
+def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
+    shape: tuple[int, int, int], block_m: int, stages: int, split: int
+) -> None:
+    """At ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs per expert: experts of at least
+    ``WGMMA_LARGE_EXPERT`` in 32-row blocks of a 3-stage ring, smaller ones in 16-row
+    blocks of ``WGMMA_TILES``; the decode row's w2 split, with PDL."""
+    experts, hidden, inter = shape
+    pairs = 16 * experts
+    got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
+    form = attrs.evolve(mma_configs.WGMMA_TILES, num_stages=stages)
+    assert got == mma_configs.wgmma_decode_tiles(
+        split=split, large=hidden * inter >= mma_configs.WGMMA_LARGE_EXPERT
+    )
+    assert (got.block_m, got.w13, got.pdl) == (block_m, form, True)
+    assert got.w2 == attrs.evolve(form, split_k=split)
+    want = _with(pairs, experts, hidden, inter, mma=True, wgmma=False)
+    assert got.w2.split_k == want.w2.split_k  # the row it replaces has that split
+    assert not want.w13.wgmma
+
+
+@pytest.mark.parametrize(
     ("per_expert", "shape"),
     [
         (15, MIXTRAL),  # below WGMMA_DECODE_MIN_PER_EXPERT: not measured
         (9, MIXTRAL),
+        (8, MIXTRAL),  # Mixtral M = 32: a tie, mma.sync kept
+        (15, QWEN3_235B),
         (129, MIXTRAL),  # past WGMMA_MAX_PER_EXPERT: not measured
-        (16, QWEN3_235B),  # 16 pairs of smaller experts: it lost
-        (16, (128, 2048, 768)),  # Qwen3-30B-A3B M = 256
-        (16, (256, 7168, 2048)),  # DeepSeek-V3 M = 512
         (1, MIXTRAL),
     ],
 )
