@@ -16,9 +16,9 @@ import attrs
 from backends.triton._configs_mma import (
     WGMMA_DECODE_MIN_PER_EXPERT,
     WGMMA_LARGE_EXPERT,
-    WGMMA_MAX_PER_EXPERT,
     mma_tiles,
     wgmma_decode_tiles,
+    wgmma_max_per_expert,
     wgmma_tiles,
 )
 from backends.triton._tiles import (
@@ -351,10 +351,11 @@ def int4_tiles(
     registers' 16-byte loads but slower than their 8-byte ones of probe_mma3.
 
     With ``wgmma`` (Hopper) the warpgroup kernel's ``wgmma_tiles`` take the sizes
-    past ``INT4_FEW_PER_EXPERT`` pairs per expert up to ``WGMMA_MAX_PER_EXPERT``, and
+    past ``INT4_FEW_PER_EXPERT`` pairs per expert up to ``wgmma_max_per_expert``, and
     its ``wgmma_decode_tiles`` the decode row at ``WGMMA_DECODE_MIN_PER_EXPERT``.
     """
-    if wgmma and INT4_FEW_PER_EXPERT < per_expert <= WGMMA_MAX_PER_EXPERT:
+    most = wgmma_max_per_expert(hidden, inter)
+    if wgmma and INT4_FEW_PER_EXPERT < per_expert <= most:
         return wgmma_tiles(split=1, pdl=False)
     if per_expert <= INT4_FEW_PER_EXPERT:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)

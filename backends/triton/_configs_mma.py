@@ -26,21 +26,43 @@ WGMMA_TILES: Final = GemmTiles(
 """The warpgroup-MMA kernel's tiles (Hopper: ``wgmma_target``), in ``WGMMA_BLOCK``-row
 blocks, each MMA waited for (``_launch.WGMMA_ASYNC``), the words through a 2-stage
 cp.async ring of 2-step copy groups: from ``INT4_FEW_PER_EXPERT`` + 1 to
-``WGMMA_MAX_PER_EXPERT`` pairs per expert for every expert size, and at
+``wgmma_max_per_expert`` pairs per expert, and at
 ``WGMMA_DECODE_MIN_PER_EXPERT`` (``wgmma_decode_tiles``). Measured on an H100
 (bench/sweeps/probe_mma17_wgmma_h100.log for the form, probe_mma18_wgmma_ring_h100.log
 and probe_mma19_wgmma_groups_h100.log for the ring; ms, eager, against the same kernel
 with its words one step ahead in registers, the table's form before): Mixtral
 M = 128 / 256 / 512 (32 / 64 / 128 pairs an expert) 0.559 / 0.885 / 1.509 against
 0.629 / 0.965 / 1.603, Qwen3-235B M = 512 0.896 against 1.032, Qwen3-30B-A3B M = 512
-0.282 against 0.309. One-step copy groups (2-4 stages) were 4-9% slower, 4-step ones
-slower than the registers' form."""
+0.282 against 0.309. One-step copy groups (2-4 stages) were 4-10% slower at 16 and 32
+pairs an expert (1% faster at 64: 0.874 against 0.885), 4-step ones slower than the
+registers' form."""
 WGMMA_BLOCK: Final = 32
 WGMMA_MAX_PER_EXPERT: Final = 128
-"""The most pairs per expert (ceiling average) measured faster on the warpgroup kernel
-(Mixtral M = 512, 1.594 vs 1.774 ms, the gain shrinking from 19% at 32 pairs); above,
-up to the dequant path, the Triton nibble-halves GEMM stays. Measured at 32, 64 and
-128; 17-31 are taken as 32 (the GEMM it replaces there is the one it beat at 32)."""
+"""The most pairs per expert (ceiling average) at which experts of at least
+``WGMMA_LARGE_EXPERT`` take the warpgroup kernel: measured faster there at Mixtral
+M = 512 (1.509 ms with the ring, 1.594 without, against 1.774 for the Triton
+nibble-halves GEMM, H100), the gain shrinking from 19% at 32 pairs. Above, up to the
+dequant path, the nibble-halves GEMM stays. Measured at 32, 64 and 128; 17-31 are
+taken as 32 (the GEMM it replaces there is the one it beat at 32)."""
+WGMMA_MAX_PER_EXPERT_SMALL: Final = 64
+"""The same bound for experts below ``WGMMA_LARGE_EXPERT``: at 128 pairs DeepSeek-V3
+(M = 4096) lost, 14.11 ms with the ring against the nibble-halves GEMM's 12.83 (H200,
+bench/RESULTS.md of a1942ca against that of 10df655; H100 without the ring 15.67
+against 12.85, bench/sweeps/RESULTS_3f650f7_h100.md against RESULTS_109b1ac_h100.md),
+where at 64 pairs Qwen3-235B and Qwen3-30B-A3B (M = 1024) won, 1.574 against 1.804
+and 0.440 against 0.560 (H200, the same two runs). 65-127 were not measured."""
+
+
+def wgmma_max_per_expert(hidden: int, inter: int) -> int:
+    """The warpgroup kernel's most pairs per expert for experts of these sizes.
+
+    ``WGMMA_MAX_PER_EXPERT`` from ``WGMMA_LARGE_EXPERT`` weights (``hidden * inter``),
+    else ``WGMMA_MAX_PER_EXPERT_SMALL``.
+    """
+    large = hidden * inter >= WGMMA_LARGE_EXPERT
+    return WGMMA_MAX_PER_EXPERT if large else WGMMA_MAX_PER_EXPERT_SMALL
+
+
 WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
 """From this many pairs per expert the decode row takes the warpgroup kernel
 (``wgmma_decode_tiles``): measured at 16 only (below, nothing was measured but

@@ -292,7 +292,8 @@ def _launch_gluon(
         from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
 
         _moe_gemm_wgmma_kernel[grid](
-            *args, **meta, ASYNC=WGMMA_ASYNC, STAGES=tiles.num_stages,
+            *args, **meta, ASYNC=WGMMA_ASYNC and tiles.num_stages == 1,
+            STAGES=tiles.num_stages,
             COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
         )  # fmt: skip
         return
@@ -352,7 +353,11 @@ dequantizing the up rows (``ASYNC``); ``False`` (the table's form) waits for eac
 before the next dequantization, which was faster in 64 x 128 tiles of 4 warps, the
 table's (``WGMMA_TILES``): Mixtral M = 256 0.898 vs 1.066 ms on an H100
 (bench/sweeps/probe_mma17_wgmma_h100.log); the 8-warp 128 x 128 tiles ran faster
-overlapped (1.011 vs 1.160) but slower than those."""
+overlapped (1.011 vs 1.160) but slower than those. Applies to tiles without a ring
+only (``num_stages`` 1): with the words' ring the kernel runs waited-for MMAs whatever
+this says, since its async form with a ring crashed Triton 3.6's ``ptxas`` (sm_90a,
+w2 in 32-row blocks, 3 stages of 2-step groups; ``bench/compile_launches.py``) and
+was never run."""
 
 MMA_BLOCK_M = (8, 16, 32)
 """Row blocks (tokens of the MMA's N) the Gluon kernel takes (``GemmTiles.mma``)."""

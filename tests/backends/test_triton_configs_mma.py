@@ -133,6 +133,7 @@ QWEN3_235B = (128, 4096, 1536)
         (32, MIXTRAL, 1, False),  # Mixtral M = 128
         (128, MIXTRAL, 1, False),  # Mixtral M = 512: WGMMA_MAX_PER_EXPERT
         (17, QWEN3_235B, 1, False),  # every expert size past 16
+        (64, QWEN3_235B, 1, False),  # Qwen3-235B M = 1024: WGMMA_MAX_PER_EXPERT_SMALL
         (32, (256, 7168, 2048), 1, False),  # DeepSeek-V3 M = 1024
     ],
 )
@@ -140,8 +141,9 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
     per_expert: int, shape: tuple[int, int, int], split: int, pdl: bool
 ) -> None:
     """``wgmma``: 32-row blocks of ``WGMMA_TILES`` (a 2-stage ring of 2-step copy
-    groups) from 17 to ``WGMMA_MAX_PER_EXPERT`` pairs per expert, unsplit, without
-    PDL (the prefill row's)."""
+    groups) from 17 to ``wgmma_max_per_expert`` pairs per expert (128 for experts of at
+    least ``WGMMA_LARGE_EXPERT``, else 64), unsplit, without PDL (the prefill
+    row's)."""
     experts, hidden, inter = shape
     pairs = per_expert * experts
     got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
@@ -193,6 +195,8 @@ def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
         (8, MIXTRAL),  # Mixtral M = 32: a tie, mma.sync kept
         (15, QWEN3_235B),
         (129, MIXTRAL),  # past WGMMA_MAX_PER_EXPERT: not measured
+        (65, QWEN3_235B),  # past WGMMA_MAX_PER_EXPERT_SMALL: not measured
+        (128, (256, 7168, 2048)),  # DeepSeek-V3 M = 4096: it lost
         (1, MIXTRAL),
     ],
 )
