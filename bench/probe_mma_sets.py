@@ -98,37 +98,17 @@ words in 32-row blocks (16-row ones: three of them); ``(1, 1)``: one step ahead 
 registers, the table's form before the ring."""
 
 
-def _set_18(
-    default: MoETiles, out: dict[str, MoETiles | None]
+def _wgmma_rings(
+    default: MoETiles,
+    out: dict[str, MoETiles | None],
+    forms: list[tuple[int, int, int]],
 ) -> dict[str, MoETiles | None]:
-    """``PROBE_SET=18`` (the module docstring): the warpgroup kernel's words' ring."""
-    for bm in (32, 16):
-        for stages, copy in WGMMA_RINGS if bm == 32 else ((1, 1), (3, 1), (2, 2)):
-            form = attrs.evolve(
-                MMA_TILES, block_n=64, num_warps=4, num_stages=stages,
-                copy_steps=copy, wgmma=True,
-            )  # fmt: skip
-            out[f"wgmma bm{bm} st{stages}x{copy} sync"] = MoETiles(
-                block_m=bm,
-                w13=attrs.evolve(form, split_k=1),
-                w2=attrs.evolve(form, split_k=default.w2.split_k),
-                pdl=default.pdl,
-            )
-    out["table gemm again"] = default
-    return out
+    """The warpgroup kernel (64 x 128, 4 warps, each MMA waited for) at ``forms``.
 
-
-WGMMA_GROUPS = ((32, 2, 2), (32, 3, 2), (32, 2, 4), (16, 2, 2), (16, 2, 4))
-"""``PROBE_SET=19``: (row block, ring stages, steps a copy group holds) of the warpgroup
-kernel, after ``PROBE_SET=18`` found 2-step copy groups ahead (one row's two steps,
-128 bytes, copied back to back)."""
-
-
-def _set_19(
-    default: MoETiles, out: dict[str, MoETiles | None]
-) -> dict[str, MoETiles | None]:
-    """``PROBE_SET=19`` (the module docstring): the warpgroup kernel's copy groups."""
-    for bm, stages, copy in WGMMA_GROUPS:
+    Each form is ``(row block, ring stages, steps a copy group holds)``; w13 unsplit,
+    the w2 split and PDL as ``default``'s.
+    """
+    for bm, stages, copy in forms:
         form = attrs.evolve(
             MMA_TILES, block_n=64, num_warps=4, num_stages=stages, copy_steps=copy,
             wgmma=True,
@@ -141,6 +121,28 @@ def _set_19(
         )
     out["table gemm again"] = default
     return out
+
+
+def _set_18(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=18`` (the module docstring): the warpgroup kernel's words' ring."""
+    forms = [(32, stages, copy) for stages, copy in WGMMA_RINGS]
+    forms += [(16, 1, 1), (16, 3, 1), (16, 2, 2)]
+    return _wgmma_rings(default, out, forms)
+
+
+WGMMA_GROUPS = ((32, 2, 2), (32, 3, 2), (32, 2, 4), (16, 2, 2), (16, 2, 4))
+"""``PROBE_SET=19``: (row block, ring stages, steps a copy group holds) of the warpgroup
+kernel, after ``PROBE_SET=18`` found 2-step copy groups ahead (one row's two steps,
+128 bytes, copied back to back)."""
+
+
+def _set_19(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=19`` (the module docstring): the warpgroup kernel's copy groups."""
+    return _wgmma_rings(default, out, list(WGMMA_GROUPS))
 
 
 def _set_17(
