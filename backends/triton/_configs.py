@@ -291,7 +291,7 @@ def choose_tiles(
 
 INT4_FEW_PER_EXPERT: Final = 16
 """Up to this many routed pairs per expert the int4 GEMM takes the decode row (on
-Hopper, Mixtral-sized experts take the warpgroup kernel at 16: ``int4_tiles``)."""
+Hopper, every expert takes the warpgroup kernel at 16: ``int4_tiles``)."""
 INT4_LARGE_EXPERT: Final = 1 << 22
 """``hidden * intermediate`` from which the decode row's blocks grow to 32 rows when
 experts average more than 8 pairs (``int4_tiles``)."""

@@ -33,9 +33,11 @@ and probe_mma19_wgmma_groups_h100.log for the ring; ms, eager, against the same 
 with its words one step ahead in registers, the table's form before): Mixtral
 M = 128 / 256 / 512 (32 / 64 / 128 pairs an expert) 0.559 / 0.885 / 1.509 against
 0.629 / 0.965 / 1.603, Qwen3-235B M = 512 0.896 against 1.032, Qwen3-30B-A3B M = 512
-0.282 against 0.309. One-step copy groups (2-4 stages) were 4-10% slower at 16 and 32
-pairs an expert (1% faster at 64: 0.874 against 0.885), 4-step ones slower than the
-registers' form."""
+0.282 against 0.309. One-step copy groups (2-4 stages) were 4-14% slower at 16 and 32
+pairs an expert (Qwen3-30B-A3B M = 256 aside, where the 2-step form's two runs gave
+0.311 and 0.203 ms; at 64 pairs, in the one run that had both, 1% faster: 0.874
+against 0.887), 4-step ones slower than the 2-step ones everywhere (ties with the
+registers' form at Mixtral M = 128 and 256)."""
 WGMMA_BLOCK: Final = 32
 WGMMA_MAX_PER_EXPERT: Final = 128
 """The most pairs per expert (ceiling average) at which experts of at least
@@ -65,13 +67,17 @@ def wgmma_max_per_expert(hidden: int, inter: int) -> int:
 
 WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
 """From this many pairs per expert the decode row takes the warpgroup kernel
-(``wgmma_decode_tiles``): measured at 16 only (below, nothing was measured but
-Mixtral M = 32, 8 pairs an expert, where 16-row blocks of the ring tied the
-``mma.sync`` row's 0.327 ms, so ``mma.sync`` stays)."""
+(``wgmma_decode_tiles``): measured at 16; below, at Mixtral M = 32 (8 pairs an
+expert) 16-row blocks of the ring tied the ``mma.sync`` row (0.331 against 0.327 ms)
+and at M = 16 (4 pairs) lost (0.316 against 0.303), so ``mma.sync`` stays; 9-15 were
+not measured."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
-warpgroup tiles are ``WGMMA_BLOCK`` rows with ``WGMMA_DECODE_STAGES`` stages; below,
-``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``."""
+warpgroup tiles are ``WGMMA_BLOCK`` rows with ``WGMMA_DECODE_STAGES`` stages (below,
+``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``), and the warpgroup kernel goes
+up to ``WGMMA_MAX_PER_EXPERT`` pairs (below, ``WGMMA_MAX_PER_EXPERT_SMALL``). No expert
+size between DeepSeek-V3's 2^23.8 and Mixtral's 2^25.8 was measured: the threshold
+sits between them."""
 WGMMA_DECODE_STAGES: Final = 3
 """Ring stages of the decode row for experts of at least ``WGMMA_LARGE_EXPERT``: Mixtral
 M = 64 (16 pairs an expert), graph replay, ms, five routing draws on an H100

@@ -355,9 +355,9 @@ table's (``WGMMA_TILES``): Mixtral M = 256 0.898 vs 1.066 ms on an H100
 (bench/sweeps/probe_mma17_wgmma_h100.log); the 8-warp 128 x 128 tiles ran faster
 overlapped (1.011 vs 1.160) but slower than those. Applies to tiles without a ring
 only (``num_stages`` 1): with the words' ring the kernel runs waited-for MMAs whatever
-this says, since its async form with a ring crashed Triton 3.6's ``ptxas`` (sm_90a,
-w2 in 32-row blocks, 3 stages of 2-step groups; ``bench/compile_launches.py``) and
-was never run."""
+this says, since its async form with a ring crashed the ``ptxas`` of Triton 3.6 and
+3.7.1 (sm_90a, w2 with 2-step copy groups; ``bench/compile_launches.py``) and was
+never run."""
 
 MMA_BLOCK_M = (8, 16, 32)
 """Row blocks (tokens of the MMA's N) the Gluon kernel takes (``GemmTiles.mma``)."""

@@ -134,6 +134,8 @@ QWEN3_235B = (128, 4096, 1536)
         (128, MIXTRAL, 1, False),  # Mixtral M = 512: WGMMA_MAX_PER_EXPERT
         (17, QWEN3_235B, 1, False),  # every expert size past 16
         (64, QWEN3_235B, 1, False),  # Qwen3-235B M = 1024: WGMMA_MAX_PER_EXPERT_SMALL
+        (65, (2, 4096, 8192), 1, False),  # 2^25 weights exactly: a large expert's bound
+        (128, (2, 4096, 8192), 1, False),
         (32, (256, 7168, 2048), 1, False),  # DeepSeek-V3 M = 1024
     ],
 )
@@ -162,6 +164,7 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
     [
         (MIXTRAL, 32, 3, 1),  # Mixtral M = 64: a large expert
         ((2, 4096, 8192), 32, 3, 4),  # 2^25 weights exactly: the decode row's split
+        ((2, 4096, 8191), 16, 2, 4),  # one column fewer: a smaller expert's form
         (QWEN3_235B, 16, 2, 1),  # Qwen3-235B M = 256
         ((128, 2048, 768), 16, 2, 1),  # Qwen3-30B-A3B M = 256
         ((256, 7168, 2048), 16, 2, 1),  # DeepSeek-V3 M = 512
@@ -196,6 +199,7 @@ def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
         (15, QWEN3_235B),
         (129, MIXTRAL),  # past WGMMA_MAX_PER_EXPERT: not measured
         (65, QWEN3_235B),  # past WGMMA_MAX_PER_EXPERT_SMALL: not measured
+        (65, (2, 4096, 8191)),  # just below 2^25 weights: the smaller experts' bound
         (128, (256, 7168, 2048)),  # DeepSeek-V3 M = 4096: it lost
         (1, MIXTRAL),
     ],

@@ -14,7 +14,7 @@ import torch
 
 import backends.triton._launch as launch
 from backends.triton import TritonW4A16Backend
-from backends.triton._configs_mma import wgmma_tiles
+from backends.triton._configs_mma import wgmma_decode_tiles, wgmma_tiles
 from backends.triton._fused import fused_moe
 from backends.triton._launch import mma_target, wgmma_target
 from backends.triton._tiles import GemmTiles, MoETiles
@@ -369,11 +369,15 @@ PDL_CASES = {
         (8, 2, 4096, 14336, 64),
         MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)),
     ),
-    "wgmma-the-table's-mixtral-m64": (  # as Hopper's table gives it, both forms
+    "wgmma-the-table's-mixtral-m64": (  # Hopper's decode row there: 3-stage ring
         (8, 2, 4096, 14336, 64),
-        wgmma_tiles(split=1, pdl=False),
+        attrs.evolve(wgmma_decode_tiles(split=1, large=True), pdl=False),
     ),
-    "wgmma-the-table's-w2-split2": (
+    "wgmma-the-table's-16-row-decode": (  # smaller experts at 16 pairs an expert
+        (128, 8, 2048, 768, 256),
+        attrs.evolve(wgmma_decode_tiles(split=2, large=False), pdl=False),
+    ),
+    "wgmma-the-table's-w2-split2": (  # the prefill row's ring, w2 split
         (8, 2, 4096, 14336, 64),
         wgmma_tiles(split=2, pdl=False),
     ),
