@@ -106,6 +106,14 @@ GEMM_VARIANTS = {
         w13=attrs.evolve(mma_configs.MMA_TILES, split_k=2),
         w2=attrs.evolve(mma_configs.MMA_TILES, split_k=2),
     ),
+    # Hopper's warpgroup tiles (ring forms, 16- and 32-row blocks): off CUDA the
+    # Triton word kernel runs them too
+    "wgmma-fallback-decode-16-rows": mma_configs.wgmma_decode_tiles(
+        split=2, large=False
+    ),
+    "wgmma-fallback-decode-32-rows": mma_configs.wgmma_decode_tiles(
+        split=2, large=True
+    ),
     # programmatic dependent launch: plain launches where the GPU lacks it
     "mma-fallback-w13-split-2-pdl-ignored-off-sm90": MoETiles(
         block_m=16,
