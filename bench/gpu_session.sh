@@ -19,7 +19,10 @@
 # bench/sweeps/probe_mma17_wgmma_h100.log. "ring": the warpgroup kernel with its words
 # through a cp.async ring (probe_mma.py PROBE_SET 18 at Mixtral M = 16-256 and
 # Qwen3-235B / Qwen3-30B-A3B M = 256, then its CUDA tests), logs in $OUT; "groups":
-# its 2- and 4-step copy groups (PROBE_SET 19), logs in $OUT.
+# its 2- and 4-step copy groups (PROBE_SET 19), logs in $OUT. "verify": what the
+# 2026-12-06 session left unrun on a GPU (the PDL cases of Hopper's two decode forms,
+# test_mma_options, DeepSeek-V3's row in the benchmark after the 64-pair cap:
+# RESULTS.md of that model alone comes back in $OUT; keep bench/RESULTS.md whole).
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -81,6 +84,16 @@ if [ "$mode" = "ring" ]; then  # the warpgroup kernel's words through a cp.async
   ring_tests rest -k "k_not_a_multiple or table" &
   for job in $(jobs -p); do wait "$job" || status=1; done
   tail -n 2 "$out"/ring_tests_*.log
+  exit $status
+fi
+if [ "$mode" = "verify" ]; then  # what 2026-12-06 left unrun on a GPU
+  timeout 240 python -m pytest -q -p no:cacheprovider \
+    tests/backends/test_triton_gemm_variants_cuda.py -k "pdl or mma_options" \
+    > "$out/verify_tests.log" 2>&1 || status=1
+  tail -n 3 "$out/verify_tests.log"
+  timeout 240 python bench/bench_gpu.py deepseek-v3 > "$out/bench_deepseek_v3.log" 2>&1 \
+    || status=1
+  grep -E "M= (1024|4096)" "$out/bench_deepseek_v3.log"
   exit $status
 fi
 if [ "$mode" = "groups" ]; then  # the warpgroup kernel's copy groups (PROBE_SET 19)
