@@ -15,9 +15,9 @@ import attrs
 
 from backends.triton._configs_mma import (
     WGMMA_DECODE_MIN_PER_EXPERT,
-    WGMMA_LARGE_EXPERT,
     mma_tiles,
     wgmma_decode_tiles,
+    wgmma_large_expert,
     wgmma_max_per_expert,
     wgmma_tiles,
 )
@@ -361,7 +361,7 @@ def int4_tiles(
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
         if wgmma and per_expert >= WGMMA_DECODE_MIN_PER_EXPERT:
-            large = hidden * inter >= WGMMA_LARGE_EXPERT
+            large = wgmma_large_expert(hidden, inter)
             return wgmma_decode_tiles(split=split, large=large)
         if mma:
             return mma_tiles(

@@ -55,13 +55,18 @@ where at 64 pairs Qwen3-235B and Qwen3-30B-A3B (M = 1024) won, 1.574 against 1.8
 and 0.440 against 0.560 (H200, the same two runs). 65-127 were not measured."""
 
 
+def wgmma_large_expert(hidden: int, inter: int) -> bool:
+    """Whether experts of these sizes have ``WGMMA_LARGE_EXPERT`` weights or more."""
+    return hidden * inter >= WGMMA_LARGE_EXPERT
+
+
 def wgmma_max_per_expert(hidden: int, inter: int) -> int:
     """The warpgroup kernel's most pairs per expert for experts of these sizes.
 
-    ``WGMMA_MAX_PER_EXPERT`` from ``WGMMA_LARGE_EXPERT`` weights (``hidden * inter``),
-    else ``WGMMA_MAX_PER_EXPERT_SMALL``.
+    ``WGMMA_MAX_PER_EXPERT`` for large ones (``wgmma_large_expert``), else
+    ``WGMMA_MAX_PER_EXPERT_SMALL``.
     """
-    large = hidden * inter >= WGMMA_LARGE_EXPERT
+    large = wgmma_large_expert(hidden, inter)
     return WGMMA_MAX_PER_EXPERT if large else WGMMA_MAX_PER_EXPERT_SMALL
 
 
