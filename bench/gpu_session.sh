@@ -23,6 +23,10 @@
 # 2026-12-06 session left unrun on a GPU (the PDL cases of Hopper's two decode forms,
 # test_mma_options, DeepSeek-V3's row in the benchmark after the 64-pair cap:
 # RESULTS.md of that model alone comes back in $OUT; keep bench/RESULTS.md whole).
+# "table20": the verify mode's tests, then probe_mma.py PROBE_SET 20 (the table's
+# warpgroup forms at 9-15 pairs an expert, Mixtral M = 36-60, and at 65-127 for
+# experts below 2^25 weights: the Qwen3 models at M = 1280-1792, DeepSeek-V3 at
+# 2560-3584), logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -94,6 +98,22 @@ if [ "$mode" = "verify" ]; then  # what 2026-12-06 left unrun on a GPU
   timeout 240 python bench/bench_gpu.py deepseek-v3 > "$out/bench_deepseek_v3.log" 2>&1 \
     || status=1
   grep -E "M= (1024|4096)" "$out/bench_deepseek_v3.log"
+  exit $status
+fi
+if [ "$mode" = "table20" ]; then  # unmeasured rows of the warpgroup kernel
+  timeout 200 python -m pytest -q -p no:cacheprovider \
+    tests/backends/test_triton_gemm_variants_cuda.py -k "pdl or mma_options" \
+    > "$out/verify_tests.log" 2>&1 || status=1
+  tail -n 3 "$out/verify_tests.log"
+  probe() {  # log name, sizes, seconds, models
+    local name=$1 sizes=$2 limit=$3; shift 3
+    PROBE_SET=20 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+      > "$out/probe_mma_set20$name.log" 2>&1 || status=1
+  }
+  probe a 36,44,52,60 100 mixtral-8x7b
+  probe b 1280,1536,1792 110 qwen3-235b-a22b qwen3-30b-a3b
+  probe c 2560,3072,3584 110 deepseek-v3
+  grep -h "M=" "$out"/probe_mma_set20*.log
   exit $status
 fi
 if [ "$mode" = "groups" ]; then  # the warpgroup kernel's copy groups (PROBE_SET 19)

@@ -31,7 +31,8 @@ warpgroup kernel (64 x 128, 4 warps, sync) in 32-row blocks with its words one s
 ahead in registers or through a cp.async ring of 2-4 stages of one step or 2-3 of
 2-step groups (``WGMMA_RINGS``; three of them in 16-row blocks), the w2 split and PDL
 as the table's; ``PROBE_SET=19``: the warpgroup kernel with 2- and 4-step copy groups
-(``WGMMA_GROUPS``);
+(``WGMMA_GROUPS``); ``PROBE_SET=20``: the table's warpgroup forms (both decode forms
+and ``wgmma_tiles``) where the table does not take them, against the table;
 ``PROBE_ROUTES=n``: each
 model and M on n routing draws;
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly

@@ -7,7 +7,12 @@ import os
 
 import attrs
 
-from backends.triton._configs_mma import MMA_RING_STAGES, MMA_TILES
+from backends.triton._configs_mma import (
+    MMA_RING_STAGES,
+    MMA_TILES,
+    wgmma_decode_tiles,
+    wgmma_tiles,
+)
 from backends.triton._tiles import GemmTiles, MoETiles
 
 
@@ -143,6 +148,23 @@ def _set_19(
 ) -> dict[str, MoETiles | None]:
     """``PROBE_SET=19`` (the module docstring): the warpgroup kernel's copy groups."""
     return _wgmma_rings(default, out, list(WGMMA_GROUPS))
+
+
+def _set_20(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=20`` (the module docstring): the table's own warpgroup rows anywhere.
+
+    Both decode forms (``wgmma_decode_tiles``, large and small experts, the w2 split
+    as ``default``'s) and ``wgmma_tiles``, for the pairs per expert the table has not
+    measured them at (9-15; 65-127 for experts below 2^25 weights).
+    """
+    split = default.w2.split_k
+    out["wgmma decode large"] = wgmma_decode_tiles(split=split, large=True)
+    out["wgmma decode small"] = wgmma_decode_tiles(split=split, large=False)
+    out["wgmma tiles"] = wgmma_tiles(split=1, pdl=False)
+    out["table gemm again"] = default
+    return out
 
 
 def _set_17(
@@ -378,6 +400,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "20": _set_20,
     "19": _set_19,
     "18": _set_18,
     "17": _set_17,
