@@ -26,7 +26,8 @@
 # "table20": the verify mode's tests, then probe_mma.py PROBE_SET 20 (the table's
 # warpgroup forms at 9-15 pairs an expert, Mixtral M = 36-60, and at 65-127 for
 # experts below 2^25 weights: the Qwen3 models at M = 1280-1792, DeepSeek-V3 at
-# 2560-3584), logs in $OUT.
+# 2560-3584), logs in $OUT. "small21": probe_mma.py PROBE_SET 21 (16-row warpgroup
+# forms at 9-16 pairs an expert on all four models), logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -114,6 +115,18 @@ if [ "$mode" = "table20" ]; then  # unmeasured rows of the warpgroup kernel
   probe b 1280,1536,1792 110 qwen3-235b-a22b qwen3-30b-a3b
   probe c 2560,3072,3584 110 deepseek-v3
   grep -h "M=" "$out"/probe_mma_set20*.log
+  exit $status
+fi
+if [ "$mode" = "small21" ]; then  # 16-row warpgroup forms at 9-16 pairs an expert
+  probe() {  # log name, sizes, seconds, models
+    local name=$1 sizes=$2 limit=$3; shift 3
+    PROBE_SET=21 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+      > "$out/probe_mma_set21$name.log" 2>&1 || status=1
+  }
+  PROBE_ROUTES=2 probe a 36,48,60,64 120 mixtral-8x7b
+  probe b 144,192,240,256 120 qwen3-235b-a22b qwen3-30b-a3b
+  probe c 288,384,480 100 deepseek-v3
+  grep -h "M=" "$out"/probe_mma_set21*.log
   exit $status
 fi
 if [ "$mode" = "groups" ]; then  # the warpgroup kernel's copy groups (PROBE_SET 19)

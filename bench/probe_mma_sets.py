@@ -167,6 +167,19 @@ def _set_20(
     return out
 
 
+WGMMA_SMALL_FORMS = ((16, 2, 2), (16, 3, 2), (16, 3, 1), (32, 3, 2))
+"""``PROBE_SET=21``: (row block, ring stages, steps a copy group holds) of the warpgroup
+kernel at 9-16 pairs an expert, after ``PROBE_SET=20`` found the 16-row decode form
+ahead of the table at Mixtral M = 36-60."""
+
+
+def _set_21(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=21`` (the module docstring): 16-row warpgroup forms at 9-16 pairs."""
+    return _wgmma_rings(default, out, list(WGMMA_SMALL_FORMS))
+
+
 def _set_17(
     default: MoETiles, out: dict[str, MoETiles | None]
 ) -> dict[str, MoETiles | None]:
@@ -400,6 +413,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "21": _set_21,
     "20": _set_20,
     "19": _set_19,
     "18": _set_18,

@@ -14,10 +14,8 @@ from typing import Final
 import attrs
 
 from backends.triton._configs_mma import (
-    WGMMA_DECODE_MIN_PER_EXPERT,
     mma_tiles,
-    wgmma_decode_tiles,
-    wgmma_large_expert,
+    wgmma_decode_row,
     wgmma_max_per_expert,
     wgmma_tiles,
 )
@@ -352,7 +350,9 @@ def int4_tiles(
 
     With ``wgmma`` (Hopper) the warpgroup kernel's ``wgmma_tiles`` take the sizes
     past ``INT4_FEW_PER_EXPERT`` pairs per expert up to ``wgmma_max_per_expert``, and
-    its ``wgmma_decode_tiles`` the decode row at ``WGMMA_DECODE_MIN_PER_EXPERT``.
+    its ``wgmma_decode_row`` the decode row from ``WGMMA_DECODE_MIN_PER_EXPERT`` (from
+    ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT`` for experts of at least
+    ``MMA_SHARED_INPUT_MAX_EXPERT``).
     """
     most = wgmma_max_per_expert(hidden, inter)
     if wgmma and INT4_FEW_PER_EXPERT < per_expert <= most:
@@ -360,9 +360,9 @@ def int4_tiles(
     if per_expert <= INT4_FEW_PER_EXPERT:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
-        if wgmma and per_expert >= WGMMA_DECODE_MIN_PER_EXPERT:
-            large = wgmma_large_expert(hidden, inter)
-            return wgmma_decode_tiles(split=split, large=large)
+        row = wgmma_decode_row(per_expert, hidden, inter, split=split)
+        if wgmma and row is not None:
+            return row
         if mma:
             return mma_tiles(
                 num_pairs, num_experts, per_expert, hidden, inter, split=split

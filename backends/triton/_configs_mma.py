@@ -46,13 +46,15 @@ M = 512 (1.509 ms with the ring, 1.594 without, against 1.774 for the Triton
 nibble-halves GEMM, H100), the gain shrinking from 19% at 32 pairs. Above, up to the
 dequant path, the nibble-halves GEMM stays. Measured at 32, 64 and 128; 17-31 are
 taken as 32 (the GEMM it replaces there is the one it beat at 32)."""
-WGMMA_MAX_PER_EXPERT_SMALL: Final = 64
-"""The same bound for experts below ``WGMMA_LARGE_EXPERT``: at 128 pairs DeepSeek-V3
-(M = 4096) lost, 14.11 ms with the ring against the nibble-halves GEMM's 12.83 (H200,
-bench/RESULTS.md of a1942ca against that of 10df655; H100 without the ring 15.67
-against 12.85, bench/sweeps/RESULTS_3f650f7_h100.md against RESULTS_109b1ac_h100.md),
-where at 64 pairs Qwen3-235B and Qwen3-30B-A3B (M = 1024) won, 1.574 against 1.804
-and 0.440 against 0.560 (H200, the same two runs). 65-127 were not measured."""
+WGMMA_MAX_PER_EXPERT_SMALL: Final = 80
+"""The same bound for experts below ``WGMMA_LARGE_EXPERT``. Eager, ms, against the
+nibble-halves GEMM it replaces (H100, bench/sweeps/probe_mma_set20_h100.log): at 80
+pairs Qwen3-235B (M = 1280) 1.903 against 2.304, Qwen3-30B-A3B 0.533 against 0.697,
+DeepSeek-V3 (M = 2560) 9.57 against 9.94; at 96 a tie on Qwen3-235B (2.414 against
+2.419) and a loss on DeepSeek-V3 (12.55 against 10.46), at 112 both lost (2.83
+against 2.51; 13.93 against 10.83), where Qwen3-30B-A3B still won (0.719 against
+0.791). At 128 DeepSeek-V3 (M = 4096) lost too, 14.11 ms against 12.83 (H200, the
+benchmark runs of a1942ca and 10df655)."""
 
 
 def wgmma_large_expert(hidden: int, inter: int) -> bool:
@@ -71,11 +73,24 @@ def wgmma_max_per_expert(hidden: int, inter: int) -> int:
 
 
 WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
-"""From this many pairs per expert the decode row takes the warpgroup kernel
-(``wgmma_decode_tiles``): measured at 16; below, at Mixtral M = 32 (8 pairs an
-expert) 16-row blocks of the ring tied the ``mma.sync`` row (0.331 against 0.327 ms)
-and at M = 16 (4 pairs) lost (0.316 against 0.303), so ``mma.sync`` stays; 9-15 were
-not measured."""
+"""From this many pairs per expert the decode row takes the warpgroup kernel for every
+expert size (``wgmma_decode_row``); experts of at least ``MMA_SHARED_INPUT_MAX_EXPERT``
+from ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT``."""
+WGMMA_DECODE_EARLY_MIN_PER_EXPERT: Final = 9
+"""From this many pairs per expert (one past ``MMA_SMALL_BLOCK``) experts of at least
+``MMA_SHARED_INPUT_MAX_EXPERT`` take the warpgroup kernel's 16-row blocks of
+``WGMMA_TILES`` (``wgmma_decode_row``). Against the ``mma.sync`` row's 16-row blocks
+of a 3-stage ring (H100, bench/sweeps/probe_mma_set21_h100.log; graph replay at
+M <= 64, eager above, ms, two routing draws at Mixtral): Mixtral M = 36 / 48 / 60 (9,
+12, 15 pairs an expert) 0.329 / 0.322 / 0.392 and 0.332 / 0.322 / 0.338 against
+0.414 / 0.412 / 0.432 and 0.417 / 0.416 / 0.444 (32-row blocks of 3 stages, the form
+at 16 pairs, 0.364-0.378); DeepSeek-V3 M = 288 / 384 / 480 2.50 / 2.66 / 3.01 against
+3.30 / 3.45 / 3.68. Smaller experts keep the ``mma.sync`` row with the input through
+the ring, which tied (Qwen3-235B M = 144 / 192 / 240 0.542 / 0.566 / 0.623 against
+0.535 / 0.567 / 0.659) or won (Qwen3-30B-A3B 0.166 / 0.181 / 0.190 against 0.163 /
+0.176 / 0.192). At 8 pairs the ``mma.sync`` row's 8-row blocks tied 16-row blocks of
+the warpgroup kernel (Mixtral M = 32, 0.331 against 0.327 ms) and at 4 lost (M = 16,
+0.316 against 0.303)."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
 warpgroup tiles are ``WGMMA_BLOCK`` rows with ``WGMMA_DECODE_STAGES`` stages (below,
@@ -238,12 +253,12 @@ def wgmma_tiles(*, split: int, pdl: bool) -> MoETiles:
 
 
 def wgmma_decode_tiles(*, split: int, large: bool) -> MoETiles:
-    """The decode row on the warpgroup kernel at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs.
+    """The decode row's two forms on the warpgroup kernel (``wgmma_decode_row``).
 
-    ``large`` (experts of at least ``WGMMA_LARGE_EXPERT``): ``WGMMA_BLOCK``-row blocks
-    of a ``WGMMA_DECODE_STAGES``-stage ring; else ``WGMMA_DECODE_SMALL_BLOCK``-row
-    blocks of ``WGMMA_TILES``. w13 unsplit, w2 ``split`` ways (the decode row's), with
-    programmatic dependent launch, as the ``mma.sync`` row it replaces.
+    ``large``: ``WGMMA_BLOCK``-row blocks of a ``WGMMA_DECODE_STAGES``-stage ring; else
+    ``WGMMA_DECODE_SMALL_BLOCK``-row blocks of ``WGMMA_TILES``. w13 unsplit, w2
+    ``split`` ways (the decode row's), with programmatic dependent launch, as the
+    ``mma.sync`` row they replace.
     """
     form, block = WGMMA_TILES, WGMMA_DECODE_SMALL_BLOCK
     if large:
@@ -251,4 +266,26 @@ def wgmma_decode_tiles(*, split: int, large: bool) -> MoETiles:
         block = WGMMA_BLOCK
     return MoETiles(
         block_m=block, w13=form, w2=attrs.evolve(form, split_k=split), pdl=True
+    )
+
+
+def wgmma_decode_row(
+    per_expert: int, hidden: int, inter: int, *, split: int
+) -> MoETiles | None:
+    """The decode row on the warpgroup kernel, or ``None`` where ``mma.sync`` stays.
+
+    From ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs per expert (``per_expert``: the ceiling
+    average, at most ``INT4_FEW_PER_EXPERT`` here) for every expert size, from
+    ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT`` for experts of at least
+    ``MMA_SHARED_INPUT_MAX_EXPERT``. The 32-row form of ``wgmma_decode_tiles`` only
+    at ``WGMMA_DECODE_MIN_PER_EXPERT`` and for experts of at least
+    ``WGMMA_LARGE_EXPERT`` (``wgmma_large_expert``); else its 16-row form.
+    """
+    early = hidden * inter >= MMA_SHARED_INPUT_MAX_EXPERT
+    first = WGMMA_DECODE_EARLY_MIN_PER_EXPERT if early else WGMMA_DECODE_MIN_PER_EXPERT
+    if per_expert < first:
+        return None
+    at_16 = per_expert >= WGMMA_DECODE_MIN_PER_EXPERT
+    return wgmma_decode_tiles(
+        split=split, large=at_16 and wgmma_large_expert(hidden, inter)
     )

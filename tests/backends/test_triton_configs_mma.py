@@ -133,8 +133,10 @@ QWEN3_235B = (128, 4096, 1536)
         (32, MIXTRAL, 1, False),  # Mixtral M = 128
         (128, MIXTRAL, 1, False),  # Mixtral M = 512: WGMMA_MAX_PER_EXPERT
         (17, QWEN3_235B, 1, False),  # every expert size past 16
-        (64, QWEN3_235B, 1, False),  # Qwen3-235B M = 1024: WGMMA_MAX_PER_EXPERT_SMALL
-        (65, (2, 4096, 8192), 1, False),  # 2^25 weights exactly: a large expert's bound
+        (64, QWEN3_235B, 1, False),  # Qwen3-235B M = 1024
+        (80, QWEN3_235B, 1, False),  # Qwen3-235B M = 1280: WGMMA_MAX_PER_EXPERT_SMALL
+        (80, (256, 7168, 2048), 1, False),  # DeepSeek-V3 M = 2560
+        (81, (2, 4096, 8192), 1, False),  # 2^25 weights exactly: a large expert's bound
         (128, (2, 4096, 8192), 1, False),
         (32, (256, 7168, 2048), 1, False),  # DeepSeek-V3 M = 1024
     ],
@@ -144,7 +146,7 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
 ) -> None:
     """``wgmma``: 32-row blocks of ``WGMMA_TILES`` (a 2-stage ring of 2-step copy
     groups) from 17 to ``wgmma_max_per_expert`` pairs per expert (128 for experts of at
-    least ``WGMMA_LARGE_EXPERT``, else 64), unsplit, without PDL (the prefill
+    least ``WGMMA_LARGE_EXPERT``, else 80), unsplit, without PDL (the prefill
     row's)."""
     experts, hidden, inter = shape
     pairs = per_expert * experts
@@ -191,15 +193,43 @@ def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
 
 
 @pytest.mark.parametrize(
+    ("per_expert", "shape", "split"),
+    [
+        (9, MIXTRAL, 1),  # Mixtral M = 36: WGMMA_DECODE_EARLY_MIN_PER_EXPERT
+        (15, MIXTRAL, 1),  # Mixtral M = 60
+        (9, (256, 7168, 2048), 1),  # DeepSeek-V3 M = 288
+        (15, (256, 7168, 2048), 1),  # DeepSeek-V3 M = 480
+        (9, (2, 4096, 2048), 4),  # 2^23 weights exactly: the decode row's split
+    ],
+)
+def test_hopper_decode_row_from_9_pairs_takes_16_row_warpgroup_blocks(
+    per_expert: int, shape: tuple[int, int, int], split: int
+) -> None:
+    """From ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT`` to 15 pairs per expert, experts of at
+    least ``MMA_SHARED_INPUT_MAX_EXPERT`` (large ones too) take 16-row blocks of
+    ``WGMMA_TILES``, the decode row's w2 split, with PDL."""
+    experts, hidden, inter = shape
+    pairs = per_expert * experts
+    got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
+    assert got == mma_configs.wgmma_decode_tiles(split=split, large=False)
+    assert (got.block_m, got.w13, got.pdl) == (16, mma_configs.WGMMA_TILES, True)
+    want = _with(pairs, experts, hidden, inter, mma=True, wgmma=False)
+    assert got.w2.split_k == want.w2.split_k  # the row it replaces has that split
+    assert not want.w13.wgmma
+
+
+@pytest.mark.parametrize(
     ("per_expert", "shape"),
     [
-        (15, MIXTRAL),  # below WGMMA_DECODE_MIN_PER_EXPERT: not measured
-        (9, MIXTRAL),
+        (15, QWEN3_235B),  # experts below 2^23 weights: a tie, mma.sync kept
+        (9, (128, 2048, 768)),  # Qwen3-30B-A3B M = 144: mma.sync won
+        (9, (2, 4096, 2047)),  # one column below 2^23 weights
         (8, MIXTRAL),  # Mixtral M = 32: a tie, mma.sync kept
-        (15, QWEN3_235B),
+        (8, (256, 7168, 2048)),
         (129, MIXTRAL),  # past WGMMA_MAX_PER_EXPERT: not measured
-        (65, QWEN3_235B),  # past WGMMA_MAX_PER_EXPERT_SMALL: not measured
-        (65, (2, 4096, 8191)),  # just below 2^25 weights: the smaller experts' bound
+        (81, QWEN3_235B),  # past WGMMA_MAX_PER_EXPERT_SMALL: a tie at 96
+        (81, (2, 4096, 8191)),  # just below 2^25 weights: the smaller experts' bound
+        (96, (256, 7168, 2048)),  # DeepSeek-V3 M = 3072: it lost
         (128, (256, 7168, 2048)),  # DeepSeek-V3 M = 4096: it lost
         (1, MIXTRAL),
     ],
