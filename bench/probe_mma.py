@@ -34,7 +34,8 @@ as the table's; ``PROBE_SET=19``: the warpgroup kernel with 2- and 4-step copy g
 (``WGMMA_GROUPS``); ``PROBE_SET=20``: the table's warpgroup forms (both decode forms
 and ``wgmma_tiles``) where the table does not take them, against the table;
 ``PROBE_SET=21``: the warpgroup kernel in 16-row blocks of 2 or 3 stages
-(``WGMMA_SMALL_FORMS``) at 9-16 pairs an expert;
+(``WGMMA_SMALL_FORMS``) at 9-16 pairs an expert; ``PROBE_SET=22``: the warpgroup
+kernel in 32-row blocks of 3 or 4 stages with the w2 split 1, 2 or 4 ways;
 ``PROBE_ROUTES=n``: each
 model and M on n routing draws;
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly

@@ -180,6 +180,23 @@ def _set_21(
     return _wgmma_rings(default, out, list(WGMMA_SMALL_FORMS))
 
 
+def _set_22(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=22`` (the module docstring): the 32-row decode form's w2 split."""
+    for stages in (3, 4):
+        form = attrs.evolve(
+            MMA_TILES, block_n=64, num_warps=4, num_stages=stages, copy_steps=2,
+            wgmma=True,
+        )  # fmt: skip
+        for split in (1, 2, 4):
+            out[f"wgmma bm32 st{stages}x2 w2 split {split}"] = MoETiles(
+                block_m=32, w13=form, w2=attrs.evolve(form, split_k=split), pdl=True
+            )
+    out["table gemm again"] = default
+    return out
+
+
 def _set_17(
     default: MoETiles, out: dict[str, MoETiles | None]
 ) -> dict[str, MoETiles | None]:
@@ -413,6 +430,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "22": _set_22,
     "21": _set_21,
     "20": _set_20,
     "19": _set_19,

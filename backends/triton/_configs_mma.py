@@ -86,11 +86,11 @@ M <= 64, eager above, ms, two routing draws at Mixtral): Mixtral M = 36 / 48 / 6
 0.414 / 0.412 / 0.432 and 0.417 / 0.416 / 0.444 (32-row blocks of 3 stages, the form
 at 16 pairs, 0.364-0.378); DeepSeek-V3 M = 288 / 384 / 480 2.50 / 2.66 / 3.01 against
 3.30 / 3.45 / 3.68. Smaller experts keep the ``mma.sync`` row with the input through
-the ring, which tied (Qwen3-235B M = 144 / 192 / 240 0.542 / 0.566 / 0.623 against
-0.535 / 0.567 / 0.659) or won (Qwen3-30B-A3B 0.166 / 0.181 / 0.190 against 0.163 /
-0.176 / 0.192). At 8 pairs the ``mma.sync`` row's 8-row blocks tied 16-row blocks of
-the warpgroup kernel (Mixtral M = 32, 0.331 against 0.327 ms) and at 4 lost (M = 16,
-0.316 against 0.303)."""
+the ring (Qwen3-235B M = 144 / 192 / 240 0.542 / 0.566 / 0.623 on the warpgroup kernel
+against 0.535 / 0.567 / 0.659, Qwen3-30B-A3B 0.166 / 0.181 / 0.190 against 0.163 /
+0.176 / 0.192: one cell of six ahead by more than 1%). At 8 pairs 16-row blocks of the
+warpgroup kernel tied the ``mma.sync`` row's 8-row blocks (Mixtral M = 32, 0.331
+against 0.327 ms) and at 4 lost (M = 16, 0.316 against 0.303)."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
 warpgroup tiles are ``WGMMA_BLOCK`` rows with ``WGMMA_DECODE_STAGES`` stages (below,
