@@ -269,9 +269,10 @@ REGISTER_TILES = MoETiles(
 )
 MODEL_TOKENS = (1, 4, 16, 64, 300)
 CASES = (
-    Case(8, 2, 4096, 14336, (*MODEL_TOKENS, 2048)),  # Mixtral-8x7B; 2048: dequant
-    Case(128, 8, 2048, 768, MODEL_TOKENS),  # Qwen3-30B-A3B
-    Case(256, 8, 7168, 2048, (1, 4, 16, 64)),  # DeepSeek-V3
+    # Mixtral-8x7B; 36: the warpgroup kernel's 16-row decode form; 2048: dequant
+    Case(8, 2, 4096, 14336, (*MODEL_TOKENS, 36, 2048)),
+    Case(128, 8, 2048, 768, (*MODEL_TOKENS, 1280)),  # Qwen3-30B-A3B; 1280: 80 pairs
+    Case(256, 8, 7168, 2048, (1, 4, 16, 64, 288)),  # DeepSeek-V3
     Case(32, 4, 2880, 2880, (1, 5, 64), group=32, activation="swigluoai", bias=True),
     Case(
         16,
