@@ -27,7 +27,8 @@
 # warpgroup forms at 9-15 pairs an expert, Mixtral M = 36-60, and at 65-127 for
 # experts below 2^25 weights: the Qwen3 models at M = 1280-1792, DeepSeek-V3 at
 # 2560-3584), logs in $OUT. "small21": probe_mma.py PROBE_SET 21 (16-row warpgroup
-# forms at 9-16 pairs an expert on all four models), logs in $OUT.
+# forms at 9-16 pairs an expert on all four models), logs in $OUT. "nreg23":
+# PROBE_SET 23 (the 32-row gated w13 launched with maxnreg=128), logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -127,6 +128,19 @@ if [ "$mode" = "small21" ]; then  # 16-row warpgroup forms at 9-16 pairs an expe
   probe b 144,192,240,256 120 qwen3-235b-a22b qwen3-30b-a3b
   probe c 288,384,480 100 deepseek-v3
   grep -h "M=" "$out"/probe_mma_set21*.log
+  exit $status
+fi
+if [ "$mode" = "nreg23" ]; then  # the 32-row gated w13 at 128 registers
+  probe() {  # log name, sizes, seconds, models
+    local name=$1 sizes=$2 limit=$3; shift 3
+    PROBE_SET=23 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+      > "$out/probe_mma_set23$name.log" 2>&1 || status=1
+  }
+  PROBE_ROUTES=2 probe a 64 100 mixtral-8x7b
+  probe b 128,256,512 90 mixtral-8x7b
+  probe c 512,1024 90 qwen3-235b-a22b qwen3-30b-a3b
+  probe d 1024 60 deepseek-v3
+  grep -h "M=\|FAIL" "$out"/probe_mma_set23*.log
   exit $status
 fi
 if [ "$mode" = "groups" ]; then  # the warpgroup kernel's copy groups (PROBE_SET 19)

@@ -36,6 +36,8 @@ and ``wgmma_tiles``) where the table does not take them, against the table;
 ``PROBE_SET=21``: the warpgroup kernel in 16-row blocks of 2 or 3 stages
 (``WGMMA_SMALL_FORMS``) at 9-16 pairs an expert; ``PROBE_SET=22``: the warpgroup
 kernel in 32-row blocks of 3 or 4 stages with the w2 split 1, 2 or 4 ways;
+``PROBE_SET=23``: its 32-row gated w13 of 2 or 3 stages, launched as the library does
+and with ``maxnreg=128`` (keys with ``nreg128``; ``_cap_registers``);
 ``PROBE_ROUTES=n``: each
 model and M on n routing draws;
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly
@@ -168,6 +170,28 @@ def ncu() -> None:
         torch.cuda.empty_cache()
 
 
+_CAP = {"on": False}
+"""Whether the warpgroup kernel's gated launches take ``maxnreg=128`` (PROBE_SET=23)."""
+
+
+def _cap_registers() -> None:
+    """Wrap the warpgroup kernel so gated launches take ``maxnreg=128`` while ``_CAP``."""
+    from backends.triton import _kernels_wgmma
+
+    kernel = _kernels_wgmma._moe_gemm_wgmma_kernel
+
+    class Capped:
+        def __getitem__(self, grid: Any) -> Callable[..., Any]:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                if _CAP["on"] and kwargs.get("GATED"):
+                    kwargs["maxnreg"] = 128
+                return kernel[grid](*args, **kwargs)
+
+            return launch
+
+    _kernels_wgmma._moe_gemm_wgmma_kernel = Capped()  # type: ignore[assignment]
+
+
 LIBRARY_WGMMA_ASYNC = _launch.WGMMA_ASYNC
 """The warpgroup kernel's form as the library runs it (the probes set it per variant)."""
 
@@ -188,8 +212,14 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None
         if key.startswith("wgmma"):  # PROBE_SET=16 and 17: as the key says
             form = not (key.endswith(" sync") or always_sync)
 
-        def run(t: MoETiles | None = tiles, *, overlap: bool = form) -> torch.Tensor:
+        def run(
+            t: MoETiles | None = tiles,
+            *,
+            overlap: bool = form,
+            cap: bool = "nreg" in key,
+        ) -> torch.Tensor:
             _launch.WGMMA_ASYNC = overlap  # read when launched
+            _CAP["on"] = cap
             return fused_moe(
                 x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
             )  # fmt: skip
@@ -219,6 +249,8 @@ def main() -> None:
     if sys.argv[1:2] == ["ncu"]:
         ncu()
         return
+    if os.environ.get("PROBE_SET") == "23":
+        _cap_registers()
     only = sys.argv[1:] or list(MODELS)
     ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
     draws = int(os.environ.get("PROBE_ROUTES", "1"))  # routing draws a cell

@@ -10,6 +10,7 @@ import attrs
 from backends.triton._configs_mma import (
     MMA_RING_STAGES,
     MMA_TILES,
+    WGMMA_TILES,
     wgmma_decode_tiles,
     wgmma_tiles,
 )
@@ -193,6 +194,26 @@ def _set_22(
             out[f"wgmma bm32 st{stages}x2 w2 split {split}"] = MoETiles(
                 block_m=32, w13=form, w2=attrs.evolve(form, split_k=split), pdl=True
             )
+    out["table gemm again"] = default
+    return out
+
+
+def _set_23(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=23`` (the module docstring): the 32-row gated w13 at 128 registers.
+
+    A key with ``nreg128`` launches its gated w13 with ``maxnreg=128`` (``probe_mma.py``
+    patches the launch): 4 programs a multiprocessor instead of 3 (164 registers), at
+    the cost of 128 bytes of spills (offline sm_90). w2 as ``default``'s where it is
+    the warpgroup kernel's, else the 32-row decode form's.
+    """
+    w2 = default.w2 if default.w2.wgmma else attrs.evolve(WGMMA_TILES, split_k=1)
+    for stages in (2, 3):
+        w13 = attrs.evolve(WGMMA_TILES, num_stages=stages)
+        tiles = MoETiles(block_m=32, w13=w13, w2=w2, pdl=default.pdl)
+        out[f"wgmma bm32 w13 st{stages}"] = tiles
+        out[f"wgmma bm32 w13 st{stages} nreg128"] = tiles
     out["table gemm again"] = default
     return out
 
@@ -430,6 +451,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "23": _set_23,
     "22": _set_22,
     "21": _set_21,
     "20": _set_20,
