@@ -248,6 +248,36 @@ def test_wgmma_tiles_run_the_warpgroup_kernel_on_hopper(
     assert calls == ([hopper, hopper] if mma_target(x) else [])
 
 
+@pytest.mark.parametrize(
+    "size",
+    [(8, 2, 4096, 14336, 36), (256, 8, 7168, 2048, 288), (128, 8, 2048, 768, 1280)],
+    ids=["mixtral-T36", "deepseek-v3-T288", "qwen3-30b-T1280"],
+)
+def test_hopper_table_rows_at_9_and_80_pairs_per_expert(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int, int, int, int]
+) -> None:
+    """The table's warpgroup rows added on 2026-12-06, at model shapes: 9 pairs an
+    expert (the 16-row decode form, experts of 2^23 weights or more) and 80 (the
+    smaller experts' bound). On an H100/H200 the warpgroup kernel runs both GEMMs (a
+    spy), elsewhere the rows they replace; against the oracle, a pair held elsewhere."""
+    e, k, d, f, t = size
+    hopper = wgmma_target(torch.empty(1, device="cuda"))
+    calls: list[bool] = []
+    real = launch._launch_gluon
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs["wgmma"])
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_launch_gluon", spy)
+    config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
+    check_fused(config, SCHEMES[2], torch.bfloat16, t, seed=11, path="gemm", drop=True)
+    if hopper:
+        assert calls == [True, True]
+    else:
+        assert not any(calls)
+
+
 @pytest.mark.parametrize("tokens", [1, 37])
 @pytest.mark.parametrize(
     "options",
