@@ -29,6 +29,8 @@
 # 2560-3584), logs in $OUT. "small21": probe_mma.py PROBE_SET 21 (16-row warpgroup
 # forms at 9-16 pairs an expert on all four models), logs in $OUT. "nreg23":
 # PROBE_SET 23 (the 32-row gated w13 launched with maxnreg=128), logs in $OUT.
+# "check22": PROBE_SET 20 at Mixtral M = 36-64 and DeepSeek-V3 M = 288 / 384 (the
+# table's own choice there), then PROBE_SET 22, one log in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -128,6 +130,19 @@ if [ "$mode" = "small21" ]; then  # 16-row warpgroup forms at 9-16 pairs an expe
   probe b 144,192,240,256 120 qwen3-235b-a22b qwen3-30b-a3b
   probe c 288,384,480 100 deepseek-v3
   grep -h "M=" "$out"/probe_mma_set21*.log
+  exit $status
+fi
+if [ "$mode" = "check22" ]; then  # the new table's rows, then PROBE_SET 22
+  log="$out/probe_mma_set22.log"
+  PROBE_SET=20 PROBE_M=36,48,64 timeout 100 python bench/probe_mma.py mixtral-8x7b \
+    > "$log" 2>&1 || status=1
+  PROBE_SET=20 PROBE_M=288,384 timeout 80 python bench/probe_mma.py deepseek-v3 \
+    >> "$log" 2>&1 || status=1
+  PROBE_SET=22 PROBE_ROUTES=2 PROBE_M=64 timeout 150 python bench/probe_mma.py \
+    mixtral-8x7b >> "$log" 2>&1 || status=1
+  PROBE_SET=22 PROBE_M=16,64 timeout 120 python bench/probe_mma.py deepseek-v3 \
+    qwen3-235b-a22b >> "$log" 2>&1 || status=1
+  grep "M=\|FAIL" "$log"
   exit $status
 fi
 if [ "$mode" = "nreg23" ]; then  # the 32-row gated w13 at 128 registers

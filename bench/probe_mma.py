@@ -209,8 +209,10 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None
     always_sync = os.environ.get("WGMMA_SYNC") == "1"  # PROBE_SET=16
     for key, tiles in variants(default).items():
         form = LIBRARY_WGMMA_ASYNC  # the table's own rows as the library runs them
-        if key.startswith("wgmma"):  # PROBE_SET=16 and 17: as the key says
-            form = not (key.endswith(" sync") or always_sync)
+        if key.startswith("wgmma") and os.environ.get("PROBE_SET") in ("16", "17"):
+            form = not (key.endswith(" sync") or always_sync)  # as the key says
+        elif key.endswith(" sync"):  # PROBE_SET=18 and 19: each MMA waited for
+            form = False
 
         def run(
             t: MoETiles | None = tiles,

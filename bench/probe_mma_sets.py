@@ -204,8 +204,9 @@ def _set_23(
     """``PROBE_SET=23`` (the module docstring): the 32-row gated w13 at 128 registers.
 
     A key with ``nreg128`` launches its gated w13 with ``maxnreg=128`` (``probe_mma.py``
-    patches the launch): 4 programs a multiprocessor instead of 3 (164 registers), at
-    the cost of 128 bytes of spills (offline sm_90). w2 as ``default``'s where it is
+    patches the launch): at 2 stages 4 programs a multiprocessor instead of 3 (164
+    registers), at the cost of 128 bytes of spills (offline sm_90); at 3 stages the
+    ring's 64 KB of shared memory still allows only 3 (the spills' cost alone). w2 as ``default``'s where it is
     the warpgroup kernel's, else the 32-row decode form's.
     """
     w2 = default.w2 if default.w2.wgmma else attrs.evolve(WGMMA_TILES, split_k=1)

@@ -26,8 +26,8 @@ WGMMA_TILES: Final = GemmTiles(
 """The warpgroup-MMA kernel's tiles (Hopper: ``wgmma_target``), in ``WGMMA_BLOCK``-row
 blocks, each MMA waited for (``_launch.WGMMA_ASYNC``), the words through a 2-stage
 cp.async ring of 2-step copy groups: from ``INT4_FEW_PER_EXPERT`` + 1 to
-``wgmma_max_per_expert`` pairs per expert, and at
-``WGMMA_DECODE_MIN_PER_EXPERT`` (``wgmma_decode_tiles``). Measured on an H100
+``wgmma_max_per_expert`` pairs per expert, and in the decode row
+(``wgmma_decode_row``: 9-16 pairs, ``wgmma_decode_tiles``). Measured on an H100
 (bench/sweeps/probe_mma17_wgmma_h100.log for the form, probe_mma18_wgmma_ring_h100.log
 and probe_mma19_wgmma_groups_h100.log for the ring; ms, eager, against the same kernel
 with its words one step ahead in registers, the table's form before): Mixtral
@@ -81,19 +81,24 @@ WGMMA_DECODE_EARLY_MIN_PER_EXPERT: Final = 9
 ``MMA_SHARED_INPUT_MAX_EXPERT`` take the warpgroup kernel's 16-row blocks of
 ``WGMMA_TILES`` (``wgmma_decode_row``). Against the ``mma.sync`` row's 16-row blocks
 of a 3-stage ring (H100, bench/sweeps/probe_mma_set21_h100.log; graph replay at
-M <= 64, eager above, ms, two routing draws at Mixtral): Mixtral M = 36 / 48 / 60 (9,
+M <= 64, eager above, ms, two routing draws at Mixtral, one elsewhere): 18-24% less
+time but for one Mixtral M = 60 draw (9%). Mixtral M = 36 / 48 / 60 (9,
 12, 15 pairs an expert) 0.329 / 0.322 / 0.392 and 0.332 / 0.322 / 0.338 against
 0.414 / 0.412 / 0.432 and 0.417 / 0.416 / 0.444 (32-row blocks of 3 stages, the form
 at 16 pairs, 0.364-0.378); DeepSeek-V3 M = 288 / 384 / 480 2.50 / 2.66 / 3.01 against
 3.30 / 3.45 / 3.68. Smaller experts keep the ``mma.sync`` row with the input through
 the ring (Qwen3-235B M = 144 / 192 / 240 0.542 / 0.566 / 0.623 on the warpgroup kernel
 against 0.535 / 0.567 / 0.659, Qwen3-30B-A3B 0.166 / 0.181 / 0.190 against 0.163 /
-0.176 / 0.192: one cell of six ahead by more than 1%). At 8 pairs 16-row blocks of the
-warpgroup kernel tied the ``mma.sync`` row's 8-row blocks (Mixtral M = 32, 0.331
-against 0.327 ms) and at 4 lost (M = 16, 0.316 against 0.303)."""
+0.176 / 0.192: from 3% behind to 5% ahead, eager, one draw each, where the table run
+twice drifted by up to 4%). The threshold reuses ``MMA_SHARED_INPUT_MAX_EXPERT``: no
+expert size between Qwen3-235B's 2^22.6 and DeepSeek-V3's 2^23.8 was measured. At 8
+pairs 16-row blocks of the warpgroup kernel tied the ``mma.sync`` row (16-row blocks
+with the input through the ring; Mixtral M = 32, 0.331 against 0.327 ms) and at 4 lost
+(M = 16, against its 8-row blocks: 0.316 against 0.303)."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
-warpgroup tiles are ``WGMMA_BLOCK`` rows with ``WGMMA_DECODE_STAGES`` stages (below,
+warpgroup tiles at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs are ``WGMMA_BLOCK`` rows with
+``WGMMA_DECODE_STAGES`` stages (below it, and at 9-15 pairs for every size,
 ``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``), and the warpgroup kernel goes
 up to ``WGMMA_MAX_PER_EXPERT`` pairs (below, ``WGMMA_MAX_PER_EXPERT_SMALL``). No expert
 size between DeepSeek-V3's 2^23.8 and Mixtral's 2^25.8 was measured: the threshold
@@ -105,9 +110,11 @@ M = 64 (16 pairs an expert), graph replay, ms, five routing draws on an H100
 0.381 / 0.392 / 0.391 / 0.383 / 0.396 and the registers' form's 0.434-0.436 (16-row
 blocks of 2 stages: 0.394-0.437)."""
 WGMMA_DECODE_SMALL_BLOCK: Final = 16
-"""Row blocks of the decode row for experts below ``WGMMA_LARGE_EXPERT`` at 16 pairs an
-expert (graph replay at M <= 64, eager above; ms, H100, probe_mma18 and 19, against
-the ``mma.sync`` row): Qwen3-235B M = 256 0.639 / 0.640 against 0.689 / 0.706 (32-row
+"""Row blocks of the decode row on the warpgroup kernel, but for experts of at least
+``WGMMA_LARGE_EXPERT`` at 16 pairs (``wgmma_decode_row``; at 9-15 pairs:
+``WGMMA_DECODE_EARLY_MIN_PER_EXPERT``). At 16 pairs an expert, for experts below
+``WGMMA_LARGE_EXPERT`` (graph replay at M <= 64, eager above; ms, H100, probe_mma18
+and 19, against the ``mma.sync`` row): Qwen3-235B M = 256 0.639 / 0.640 against 0.689 / 0.706 (32-row
 blocks 0.682 / 0.689); DeepSeek-V3 M = 512 3.162 against 3.764 (32 rows 3.166);
 Qwen3-30B-A3B M = 256 0.200 / 0.203 against 0.203-0.207."""
 MMA_SMALL_BLOCK: Final = 8

@@ -221,7 +221,7 @@ def test_hopper_decode_row_from_9_pairs_takes_16_row_warpgroup_blocks(
 @pytest.mark.parametrize(
     ("per_expert", "shape"),
     [
-        (15, QWEN3_235B),  # experts below 2^23 weights: a tie, mma.sync kept
+        (15, QWEN3_235B),  # below 2^23 weights: mixed (5% ahead here, 1% behind at 9)
         (9, (128, 2048, 768)),  # Qwen3-30B-A3B M = 144: mma.sync won
         (9, (2, 4096, 2047)),  # one column below 2^23 weights
         (8, MIXTRAL),  # Mixtral M = 32: a tie, mma.sync kept
