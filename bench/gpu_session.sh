@@ -36,6 +36,11 @@ set -uo pipefail
 out="${OUT:-/tmp}"
 status=0
 mode="${1:-all}"
+probe_set() {  # set, log name, sizes, seconds, models: $out/probe_mma_set<set><name>.log
+  local set=$1 name=$2 sizes=$3 limit=$4; shift 4
+  PROBE_SET=$set PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
+    > "$out/probe_mma_set$set$name.log" 2>&1 || status=1
+}
 if [ "$mode" = "bench-both" ]; then  # first with L2 flushed by a write, kept aside
   BENCH_FLUSH=write timeout 270 python bench/bench_gpu.py > "$out/bench_flush_write.log" 2>&1 || status=1
   cp bench/results.json "$out/results_flush_write.json"
@@ -72,11 +77,7 @@ if [ "$mode" = "wgmma" ]; then
   exit $status
 fi
 if [ "$mode" = "ring" ]; then  # the warpgroup kernel's words through a cp.async ring
-  probe() {  # log name, sizes, seconds, models
-    local name=$1 sizes=$2 limit=$3; shift 3
-    PROBE_SET=18 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
-      > "$out/probe_mma_set18$name.log" 2>&1 || status=1
-  }
+  probe() { probe_set 18 "$@"; }  # log name, sizes, seconds, models
   PROBE_ROUTES=3 probe a 64 150 mixtral-8x7b
   probe b 16,128,256 90 mixtral-8x7b
   probe c 256 80 qwen3-235b-a22b qwen3-30b-a3b
@@ -109,11 +110,7 @@ if [ "$mode" = "table20" ]; then  # unmeasured rows of the warpgroup kernel
     tests/backends/test_triton_gemm_variants_cuda.py -k "pdl or mma_options" \
     > "$out/verify_tests.log" 2>&1 || status=1
   tail -n 3 "$out/verify_tests.log"
-  probe() {  # log name, sizes, seconds, models
-    local name=$1 sizes=$2 limit=$3; shift 3
-    PROBE_SET=20 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
-      > "$out/probe_mma_set20$name.log" 2>&1 || status=1
-  }
+  probe() { probe_set 20 "$@"; }  # log name, sizes, seconds, models
   probe a 36,44,52,60 100 mixtral-8x7b
   probe b 1280,1536,1792 110 qwen3-235b-a22b qwen3-30b-a3b
   probe c 2560,3072,3584 110 deepseek-v3
@@ -121,11 +118,7 @@ if [ "$mode" = "table20" ]; then  # unmeasured rows of the warpgroup kernel
   exit $status
 fi
 if [ "$mode" = "small21" ]; then  # 16-row warpgroup forms at 9-16 pairs an expert
-  probe() {  # log name, sizes, seconds, models
-    local name=$1 sizes=$2 limit=$3; shift 3
-    PROBE_SET=21 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
-      > "$out/probe_mma_set21$name.log" 2>&1 || status=1
-  }
+  probe() { probe_set 21 "$@"; }  # log name, sizes, seconds, models
   PROBE_ROUTES=2 probe a 36,48,60,64 120 mixtral-8x7b
   probe b 144,192,240,256 120 qwen3-235b-a22b qwen3-30b-a3b
   probe c 288,384,480 100 deepseek-v3
@@ -146,11 +139,7 @@ if [ "$mode" = "check22" ]; then  # the new table's rows, then PROBE_SET 22
   exit $status
 fi
 if [ "$mode" = "nreg23" ]; then  # the 32-row gated w13 at 128 registers
-  probe() {  # log name, sizes, seconds, models
-    local name=$1 sizes=$2 limit=$3; shift 3
-    PROBE_SET=23 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
-      > "$out/probe_mma_set23$name.log" 2>&1 || status=1
-  }
+  probe() { probe_set 23 "$@"; }  # log name, sizes, seconds, models
   PROBE_ROUTES=2 probe a 64 100 mixtral-8x7b
   probe b 128,256,512 90 mixtral-8x7b
   probe c 512,1024 90 qwen3-235b-a22b qwen3-30b-a3b
@@ -159,11 +148,7 @@ if [ "$mode" = "nreg23" ]; then  # the 32-row gated w13 at 128 registers
   exit $status
 fi
 if [ "$mode" = "groups" ]; then  # the warpgroup kernel's copy groups (PROBE_SET 19)
-  probe() {  # log name, sizes, seconds, models
-    local name=$1 sizes=$2 limit=$3; shift 3
-    PROBE_SET=19 PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
-      > "$out/probe_mma_set19$name.log" 2>&1 || status=1
-  }
+  probe() { probe_set 19 "$@"; }  # log name, sizes, seconds, models
   PROBE_ROUTES=2 probe a 64 70 mixtral-8x7b
   probe b 32,128,256,512 70 mixtral-8x7b
   probe c 256,512 80 qwen3-235b-a22b qwen3-30b-a3b

@@ -219,6 +219,19 @@ MMA = VARIANTS["mma-16x64x128-split2"]
 WGMMA_TILES = VARIANTS["wgmma-32x128x128-w8-split2"]
 
 
+def _spy_gluon_launches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Record each Gluon launch's ``wgmma`` (warpgroup kernel or ``mma.sync``) in order."""
+    calls: list[bool] = []
+    real = launch._launch_gluon
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs["wgmma"])
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_launch_gluon", spy)
+    return calls
+
+
 @pytest.mark.parametrize("wait_each", [False, True], ids=["async", "sync"])
 def test_wgmma_tiles_run_the_warpgroup_kernel_on_hopper(
     monkeypatch: pytest.MonkeyPatch, wait_each: bool
@@ -231,14 +244,7 @@ def test_wgmma_tiles_run_the_warpgroup_kernel_on_hopper(
     assert wgmma_target(x) == (hopper and mma_target(x))
     if hopper:
         assert wgmma_target(x), "an sm_90 GPU without the warpgroup kernel"
-    calls: list[bool] = []
-    real = launch._launch_gluon
-
-    def spy(*args: Any, **kwargs: Any) -> None:
-        calls.append(kwargs["wgmma"])
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(launch, "_launch_gluon", spy)
+    calls = _spy_gluon_launches(monkeypatch)
     monkeypatch.setattr(launch, "WGMMA_ASYNC", not wait_each)
     config = MoEConfig(num_experts=8, top_k=2, hidden_size=512, intermediate_size=384)
     check_fused(
@@ -262,14 +268,7 @@ def test_hopper_table_rows_at_9_and_80_pairs_per_expert(
     spy), elsewhere the rows they replace; against the oracle, a pair held elsewhere."""
     e, k, d, f, t = size
     hopper = wgmma_target(torch.empty(1, device="cuda"))
-    calls: list[bool] = []
-    real = launch._launch_gluon
-
-    def spy(*args: Any, **kwargs: Any) -> None:
-        calls.append(kwargs["wgmma"])
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(launch, "_launch_gluon", spy)
+    calls = _spy_gluon_launches(monkeypatch)
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
     check_fused(config, SCHEMES[2], torch.bfloat16, t, seed=11, path="gemm", drop=True)
     if hopper:
