@@ -99,8 +99,9 @@ WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
 warpgroup tiles at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs are ``WGMMA_BLOCK`` rows with
 ``WGMMA_DECODE_STAGES`` stages (below it, and at 9-15 pairs for every size that
-takes the kernel there, ``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``), and the warpgroup kernel goes
-up to ``WGMMA_MAX_PER_EXPERT`` pairs (below, ``WGMMA_MAX_PER_EXPERT_SMALL``). No expert
+takes the kernel there, ``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``), and
+the warpgroup kernel goes up to ``WGMMA_MAX_PER_EXPERT`` pairs (below,
+``WGMMA_MAX_PER_EXPERT_SMALL``). No expert
 size between DeepSeek-V3's 2^23.8 and Mixtral's 2^25.8 was measured: the threshold
 sits between them."""
 WGMMA_DECODE_STAGES: Final = 3
@@ -115,8 +116,8 @@ WGMMA_DECODE_SMALL_BLOCK: Final = 16
 ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT``). At 16 pairs an expert, for experts below
 ``WGMMA_LARGE_EXPERT`` (graph replay at M <= 64, eager above; ms, H100, probe_mma18
 and 19, against the ``mma.sync`` row): Qwen3-235B M = 256 0.639 / 0.640 against
-0.689 / 0.706 (32-row blocks 0.682 / 0.689); DeepSeek-V3 M = 512 3.162 against 3.764 (32 rows 3.166);
-Qwen3-30B-A3B M = 256 0.200 / 0.203 against 0.203-0.207."""
+0.689 / 0.706 (32-row blocks 0.682 / 0.689); DeepSeek-V3 M = 512 3.162 against 3.764
+(32 rows 3.166); Qwen3-30B-A3B M = 256 0.200 / 0.203 against 0.203-0.207."""
 MMA_SMALL_BLOCK: Final = 8
 """Experts averaging at most this many pairs take 8-row blocks in ``MMA_TILES`` (from
 ``MMA_SHARED_INPUT_MIN_PER_EXPERT`` on, 16-row ones with the input through the ring);
