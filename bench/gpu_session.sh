@@ -30,7 +30,8 @@
 # forms at 9-16 pairs an expert on all four models), logs in $OUT. "nreg23":
 # PROBE_SET 23 (the 32-row gated w13 launched with maxnreg=128), logs in $OUT.
 # "check22": PROBE_SET 20 at Mixtral M = 36-64 and DeepSeek-V3 M = 288 / 384 (the
-# table's own choice there), then PROBE_SET 22, one log in $OUT.
+# table's own choice there), then PROBE_SET 22, one log in $OUT. "w2wide24":
+# PROBE_SET 24 (the warpgroup kernel's w2 in 128 x 128 tiles of 8 warps), logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -123,6 +124,15 @@ if [ "$mode" = "small21" ]; then  # 16-row warpgroup forms at 9-16 pairs an expe
   probe b 144,192,240,256 120 qwen3-235b-a22b qwen3-30b-a3b
   probe c 288,384,480 100 deepseek-v3
   grep -h "M=" "$out"/probe_mma_set21*.log
+  exit $status
+fi
+if [ "$mode" = "w2wide24" ]; then  # the warpgroup kernel's w2 in 128-row tiles
+  probe() { probe_set 24 "$@"; }  # log name, sizes, seconds, models
+  PROBE_ROUTES=2 probe a 36,48,64 100 mixtral-8x7b
+  probe b 128,256,512 70 mixtral-8x7b
+  probe c 256,512 80 qwen3-235b-a22b qwen3-30b-a3b
+  probe d 288,512 80 deepseek-v3
+  grep -h "M=\|FAIL" "$out"/probe_mma_set24*.log
   exit $status
 fi
 if [ "$mode" = "check22" ]; then  # the new table's rows, then PROBE_SET 22

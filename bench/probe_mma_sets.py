@@ -219,6 +219,22 @@ def _set_23(
     return out
 
 
+def _set_24(
+    default: MoETiles, out: dict[str, MoETiles | None]
+) -> dict[str, MoETiles | None]:
+    """``PROBE_SET=24`` (the module docstring): w2 in 128-row tiles of 8 warps.
+
+    Two warpgroups share a step's activation staging: 246 SASS a 64-code step against
+    278 for 64 x 128 on 4 warps (offline sm_90). The rest as ``default``'s, where its
+    w2 is the warpgroup kernel's.
+    """
+    if default.w2.wgmma:
+        wide = attrs.evolve(default.w2, block_n=128, num_warps=8)
+        out["wgmma w2 128x8"] = attrs.evolve(default, w2=wide)
+    out["table gemm again"] = default
+    return out
+
+
 def _set_17(
     default: MoETiles, out: dict[str, MoETiles | None]
 ) -> dict[str, MoETiles | None]:
@@ -452,6 +468,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "24": _set_24,
     "23": _set_23,
     "22": _set_22,
     "21": _set_21,
