@@ -72,10 +72,22 @@ def wgmma_max_per_expert(hidden: int, inter: int) -> int:
     return WGMMA_MAX_PER_EXPERT if large else WGMMA_MAX_PER_EXPERT_SMALL
 
 
-WGMMA_DECODE_MIN_PER_EXPERT: Final = 16
+WGMMA_DECODE_MIN_PER_EXPERT: Final = 15
 """From this many pairs per expert the decode row takes the warpgroup kernel for every
 expert size (``wgmma_decode_row``); experts of at least ``MMA_SHARED_INPUT_MAX_EXPERT``
-from ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT``."""
+from ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT``. For the smaller experts, graph replay, ms,
+two routing draws, the 16-row form against the ``mma.sync`` row with the input through
+the ring (H100, bench/sweeps/probe_mma_set21_graph_h100.log): at 15 pairs Qwen3-235B
+(M = 240) 0.601 / 0.602 against 0.638 / 0.643, Qwen3-30B-A3B 0.185 / 0.185 against
+0.187 / 0.188; at 12 level or behind (0.563 / 0.558 against 0.556 / 0.558; 0.173 / 0.173
+against 0.168 / 0.167), at 9 too (0.530 / 0.526 against 0.527 / 0.521; 0.157 / 0.157
+against 0.154 / 0.154); 13 and 14 were not measured. At 16 (probe_mma18 and 19, the
+same form against the same row): Qwen3-235B M = 256 0.639 / 0.640 against 0.689 /
+0.706, Qwen3-30B-A3B 0.200 / 0.203 against 0.203-0.207."""
+WGMMA_DECODE_WIDE_PER_EXPERT: Final = 16
+"""At this many pairs per expert (the decode row's most, ``INT4_FEW_PER_EXPERT``)
+experts of at least ``WGMMA_LARGE_EXPERT`` take ``WGMMA_BLOCK``-row blocks
+(``wgmma_decode_row``); below, and for smaller experts, 16-row ones."""
 WGMMA_DECODE_EARLY_MIN_PER_EXPERT: Final = 9
 """From this many pairs per expert (one past ``MMA_SMALL_BLOCK``) experts of at least
 ``MMA_SHARED_INPUT_MAX_EXPERT`` take the warpgroup kernel's 16-row blocks of
@@ -90,14 +102,15 @@ at 16 pairs, 0.364-0.378); DeepSeek-V3 M = 288 / 384 / 480 2.50 / 2.66 / 3.01 ag
 the ring (Qwen3-235B M = 144 / 192 / 240 0.542 / 0.566 / 0.623 on the warpgroup kernel
 against 0.535 / 0.567 / 0.659, Qwen3-30B-A3B 0.166 / 0.181 / 0.190 against 0.163 /
 0.176 / 0.192: from 3% behind to 5% ahead, eager, one draw each, where the table run
-twice drifted by up to 4%). The threshold reuses ``MMA_SHARED_INPUT_MAX_EXPERT``: no
+twice drifted by up to 4%), up to ``WGMMA_DECODE_MIN_PER_EXPERT`` (replayed, it won
+at 15 pairs only). The threshold reuses ``MMA_SHARED_INPUT_MAX_EXPERT``: no
 expert size between Qwen3-235B's 2^22.6 and DeepSeek-V3's 2^23.8 was measured. At 8
 pairs 16-row blocks of the warpgroup kernel tied the ``mma.sync`` row (16-row blocks
 with the input through the ring; Mixtral M = 32, 0.331 against 0.327 ms) and at 4 lost
 (M = 16, against its 8-row blocks: 0.316 against 0.303)."""
 WGMMA_LARGE_EXPERT: Final = 1 << 25
 """``hidden * intermediate`` (Mixtral's 4096 x 14336) from which the decode row's
-warpgroup tiles at ``WGMMA_DECODE_MIN_PER_EXPERT`` pairs are ``WGMMA_BLOCK`` rows with
+warpgroup tiles at ``WGMMA_DECODE_WIDE_PER_EXPERT`` pairs are ``WGMMA_BLOCK`` rows with
 ``WGMMA_DECODE_STAGES`` stages (below it, and at 9-15 pairs for every size that
 takes the kernel there, ``WGMMA_DECODE_SMALL_BLOCK`` rows of ``WGMMA_TILES``), and
 the warpgroup kernel goes up to ``WGMMA_MAX_PER_EXPERT`` pairs (below,
@@ -286,14 +299,14 @@ def wgmma_decode_row(
     average, at most ``INT4_FEW_PER_EXPERT`` here) for every expert size, from
     ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT`` for experts of at least
     ``MMA_SHARED_INPUT_MAX_EXPERT``. The 32-row form of ``wgmma_decode_tiles`` only
-    at ``WGMMA_DECODE_MIN_PER_EXPERT`` and for experts of at least
+    at ``WGMMA_DECODE_WIDE_PER_EXPERT`` and for experts of at least
     ``WGMMA_LARGE_EXPERT`` (``wgmma_large_expert``); else its 16-row form.
     """
     early = hidden * inter >= MMA_SHARED_INPUT_MAX_EXPERT
     first = WGMMA_DECODE_EARLY_MIN_PER_EXPERT if early else WGMMA_DECODE_MIN_PER_EXPERT
     if per_expert < first:
         return None
-    at_16 = per_expert >= WGMMA_DECODE_MIN_PER_EXPERT
+    wide = per_expert >= WGMMA_DECODE_WIDE_PER_EXPERT
     return wgmma_decode_tiles(
-        split=split, large=at_16 and wgmma_large_expert(hidden, inter)
+        split=split, large=wide and wgmma_large_expert(hidden, inter)
     )
