@@ -354,16 +354,13 @@ def int4_tiles(
     ``WGMMA_DECODE_EARLY_MIN_PER_EXPERT`` for experts of at least
     ``MMA_SHARED_INPUT_MAX_EXPERT``).
     """
-    most = wgmma_max_per_expert(hidden, inter) if wgmma else INT4_FEW_PER_EXPERT
-    if INT4_FEW_PER_EXPERT < per_expert <= most:
+    few = per_expert <= INT4_FEW_PER_EXPERT
+    if wgmma and not few and per_expert <= wgmma_max_per_expert(hidden, inter):
         return wgmma_tiles(split=1, pdl=False)
-    if per_expert <= INT4_FEW_PER_EXPERT:
+    if few:
         w2_out = min(num_experts, num_pairs) * -(-hidden // 64)
         split = split_for(w2_out, inter, 128)
-        row = (
-            wgmma_decode_row(per_expert, hidden, inter, split=split) if wgmma else None
-        )
-        if row is not None:
+        if wgmma and (row := wgmma_decode_row(per_expert, hidden, inter, split=split)):
             return row
         if mma:
             return mma_tiles(
