@@ -64,6 +64,8 @@ VARIANTS: list[tuple[str, Kernel, int, bool, int, int | None]] = [
     ("paired 16x512", _moe_gemv_pairs_kernel, 16, False, 1, None),
     ("paired 8x512 tma 3", _moe_gemv_pairs_kernel, 8, False, 1, 3),
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
+    ("paired 8x512 tma 3 int", _moe_gemv_pairs_kernel, 8, False, 1, 3),
+    ("paired 16x512 tma 3 int", _moe_gemv_pairs_kernel, 16, False, 1, 3),
 ]
 GROUP = 128
 MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then others measured
@@ -111,10 +113,12 @@ def compile_gemv(
     prefetch: bool,
     warps: int,
     tma: int | None = None,
+    int_dot: bool = False,
 ) -> CompiledKernel:
     """The kernel compiled for sm_90 with 512-column steps.
 
-    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep.
+    ``tma``: the paired kernel's TMA reads, pipelined this many stages deep;
+    ``int_dot``: its integer products (``GemvTiles.int_dot``).
     """
     params = list(inspect.signature(kernel.fn).parameters)
     constants = {
@@ -122,7 +126,7 @@ def compile_gemv(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
         "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
-        "TMA": tma is not None,
+        "TMA": tma is not None, "INT_DOT": int_dot,
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
@@ -235,7 +239,7 @@ def main() -> None:
         for gated in (True, False):
             compiled = compile_gemv(
                 kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
-                tma=tma,
+                tma=tma, int_dot=label.endswith(" int"),
             )  # fmt: skip
             name = f"{label} {'w13 gated' if gated else 'w2'}"
             print(f"{name:30s} {describe(compiled)}", flush=True)

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
+from backends.triton._kernels_gemv_ints import _int_pair_math
 from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
     _ASM_TAIL,
@@ -199,15 +200,47 @@ def _pair_scale(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7):
 
 
 @triton.jit
+def _half_pair_math(
+    acc, acc_up, wa, wb, ua, ub, s, su, z, zu,
+    c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+    GATED: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """One step of the paired loop in float16 chains: ``acc`` (and ``acc_up``) added to.
+
+    Arguments as ``_int_pair_math`` (``_kernels_gemv_ints.py``).
+    """
+    pw, inv = _pair_scale(c0, c1, c2, c3, c4, c5, c6, c7,
+                          d0, d1, d2, d3, d4, d5, d6, d7)  # fmt: skip
+    h0, h1, h2, h3 = c0 * inv, c1 * inv, c2 * inv, c3 * inv
+    h4, h5, h6, h7 = c4 * inv, c5 * inv, c6 * inv, c7 * inv
+    g0, g1, g2, g3 = d0 * inv, d1 * inv, d2 * inv, d3 * inv
+    g4, g5, g6, g7 = d4 * inv, d5 * inv, d6 * inv, d7 * inv
+    acc += _pair_step(
+        wa, wb, s, z, pw, h0, h1, h2, h3, h4, h5, h6, h7,
+        g0, g1, g2, g3, g4, g5, g6, g7, ASM,
+    )  # fmt: skip
+    if GATED:
+        acc_up += _pair_step(
+            ua, ub, su, zu, pw, h0, h1, h2, h3, h4, h5, h6, h7,
+            g0, g1, g2, g3, g4, g5, g6, g7, ASM,
+        )  # fmt: skip
+    return acc, acc_up
+
+
+@triton.jit
 def _paired_loop(
     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, k_lo, k_hi, stride_wn, stride_sn,
     w_desc, row_tma, up_tma,
     GROUP: tl.constexpr, GATED: tl.constexpr, HAS_ZP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, INT_DOT: tl.constexpr,
 ):  # fmt: skip
-    """The paired K loop: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up)."""
+    """The paired K loop: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up).
+
+    Each step's math: ``_half_pair_math`` (float16 chains), or ``_int_pair_math``
+    with ``INT_DOT`` (``dp4a``, ``_kernels_gemv_ints.py``).
+    """
     BH: tl.constexpr = BLOCK_K // 16
     acc = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
@@ -237,20 +270,17 @@ def _paired_loop(
                 stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN,
                 GATED, HAS_ZP, PREFETCH, TMA,
             )  # fmt: skip
-        pw, inv = _pair_scale(c0, c1, c2, c3, c4, c5, c6, c7,
-                              d0, d1, d2, d3, d4, d5, d6, d7)  # fmt: skip
-        h0, h1, h2, h3 = c0 * inv, c1 * inv, c2 * inv, c3 * inv
-        h4, h5, h6, h7 = c4 * inv, c5 * inv, c6 * inv, c7 * inv
-        g0, g1, g2, g3 = d0 * inv, d1 * inv, d2 * inv, d3 * inv
-        g4, g5, g6, g7 = d4 * inv, d5 * inv, d6 * inv, d7 * inv
-        acc += _pair_step(
-            cwa, cwb, cs, cz, pw, h0, h1, h2, h3, h4, h5, h6, h7,
-            g0, g1, g2, g3, g4, g5, g6, g7, ASM,
-        )  # fmt: skip
-        if GATED:
-            acc_up += _pair_step(
-                cua, cub, csu, czu, pw, h0, h1, h2, h3, h4, h5, h6, h7,
-                g0, g1, g2, g3, g4, g5, g6, g7, ASM,
+        if INT_DOT:
+            acc, acc_up = _int_pair_math(
+                acc, acc_up, cwa, cwb, cua, cub, cs, csu, cz, czu,
+                c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+                GATED, HAS_ZP, ASM,
+            )  # fmt: skip
+        else:
+            acc, acc_up = _half_pair_math(
+                acc, acc_up, cwa, cwb, cua, cub, cs, csu, cz, czu,
+                c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+                GATED, ASM,
             )  # fmt: skip
     return acc, acc_up
 
@@ -299,6 +329,7 @@ def _moe_gemv_pairs_kernel(
     PDL_WAIT: tl.constexpr,
     PDL_NEXT: tl.constexpr,
     TMA: tl.constexpr,
+    INT_DOT: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
@@ -326,7 +357,7 @@ def _moe_gemv_pairs_kernel(
         w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],
         (offs_n + N).to(tl.int64)[:, None], n_mask, k_lo, k_hi, stride_wn, stride_sn,
         w_desc, row_tma, row_tma + N, GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN,
-        PREFETCH, LOOP_STAGES, ASM, TMA,
+        PREFETCH, LOOP_STAGES, ASM, TMA, INT_DOT,
     )  # fmt: skip
     _gemv_store(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr, bias_ptr,

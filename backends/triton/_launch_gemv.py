@@ -203,7 +203,9 @@ def _launch_words(
     if not paired:
         _moe_gemv_words_kernel[grid](*head, *tail, **launch)
         return
-    _moe_gemv_pairs_kernel[grid](*head, desc, *tail, TMA=tma, **launch)
+    _moe_gemv_pairs_kernel[grid](
+        *head, desc, *tail, TMA=tma, INT_DOT=tiles.int_dot, **launch
+    )
 
 
 def _gemv_meta(

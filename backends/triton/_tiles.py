@@ -165,6 +165,10 @@ class GemvTiles:
             the same tiles read by plain loads, unpipelined (``gemv_loop_stages``).
         w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
             ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
+        int_dot: the paired kernel's products in integers (``_kernels_gemv_ints.py``):
+            each step's inputs rounded to 15-bit integers on the step's power-of-two
+            grid, codes and inputs multiplied and summed as bytes by ``dp4a``, instead
+            of float16 chains; where ``paired`` applies.
     """
 
     block_n: int
@@ -180,6 +184,7 @@ class GemvTiles:
     pdl: bool = False
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
+    int_dot: bool = False
 
 
 @attrs.frozen(kw_only=True)

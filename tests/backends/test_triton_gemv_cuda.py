@@ -39,11 +39,25 @@ KERNELS = {
         pdl=True,
     ),
     "bulk": configs.GEMV_PAIRED,
+    "intdot": attrs.evolve(
+        configs.GEMV_PAIRED,
+        int_dot=True,
+        w2_tiles=attrs.evolve(
+            configs.GEMV_PAIRED_FEW,
+            block_n=16,
+            prefetch=False,
+            tma=True,
+            loop_stages=3,
+            int_dot=True,
+        ),
+    ),
+    "intdot_few": attrs.evolve(configs.GEMV_PAIRED_FEW, int_dot=True),
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
 at the tile of the table before the paired one; paired: ``GEMV_PAIRED`` before TMA
 reads; pdl: ``GEMV_PAIRED_FEW``, with programmatic dependent launch; bulk:
-``GEMV_PAIRED``, TMA (bulk tensor copy) reads, w2 on its own tiles). The keys are
+``GEMV_PAIRED``, TMA (bulk tensor copy) reads, w2 on its own tiles; intdot and
+intdot_few: those two with integer products, ``GemvTiles.int_dot``). The keys are
 ``-k`` selectors of bench/gpu_session.sh's jobs."""
 
 
@@ -202,7 +216,7 @@ HIDDEN_SHAPES = {  # (dtype, map of the N(0, 1) hidden states)
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[0], SCHEMES[7], SCHEMES[4]], ids=lambda s: s.name
 )
-@pytest.mark.parametrize("kernel", ["words", "paired", "bulk"])
+@pytest.mark.parametrize("kernel", ["words", "paired", "bulk", "intdot"])
 def test_word_gemv_inputs_of_any_magnitude(
     shape: str, scheme: Int4Scheme, kernel: str
 ) -> None:

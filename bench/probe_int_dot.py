@@ -1,0 +1,102 @@
+"""The decode GEMV's integer products (``GemvTiles.int_dot``) against its float16 chains.
+
+Run on the GPU from the repository root: ``python bench/probe_int_dot.py [model ...]``
+(``PROBE_M=1,4`` for other sizes; default 1, 4 and 16). For each model shape and M it
+times, under CUDA-graph replay with L2 flushed (as ``bench_gpu.py``), triton-w4a16 as
+the table runs it (``auto``, first and last), its ``gemv`` path on the table's GEMV
+tiles (``pick_gemv_tiles``), and the same tiles with ``int_dot`` on both GEMVs, on w13
+alone, on w2 alone, and on both with w13 in 16-row tiles; each output is checked
+against the float32 reference first (``err``).
+"""
+
+# ruff: noqa: D103, T201
+# A GPU script, not library code: print is its output.
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu import (
+    MODELS,
+    copy_bandwidth,
+    floor_ms,
+    int4_layer,
+    rel_err,
+    route,
+    time_graph,
+)
+
+from backends.triton._fused import Path as FusedPath, fused_moe, pick_gemv_tiles
+from backends.triton._tiles import GemvTiles
+from core.reference import moe_forward_reference
+
+
+def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
+    """The probe's variants of the table's GEMV tiles ``table``."""
+    w2 = table.w2_tiles or table
+    w2_int = attrs.evolve(w2, int_dot=True)
+    return {
+        "auto": ("auto", None),
+        "gemv table": ("gemv", table),
+        "gemv int": ("gemv", attrs.evolve(table, int_dot=True, w2_tiles=w2_int)),
+        "gemv int w13": ("gemv", attrs.evolve(table, int_dot=True, w2_tiles=w2)),
+        "gemv int w2": ("gemv", attrs.evolve(table, w2_tiles=w2_int)),
+        "gemv int w13 16 rows": (
+            "gemv",
+            attrs.evolve(table, block_n=16, int_dot=True, w2_tiles=w2_int),
+        ),
+        "auto again": ("auto", None),
+    }
+
+
+def cell(name: str, m: int, layer: tuple[Any, ...], bw: float) -> None:
+    """Time every variant of one model and M on one routing draw."""
+    e, k, d, f = MODELS[name]
+    cfg, q, w13, w2 = layer
+    x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+    r = route(m, e, k)
+    active = int(torch.unique(r.topk_ids).numel())
+    fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
+    ref = moe_forward_reference(x, q, r, cfg)
+    for key, (path, tiles) in variants(pick_gemv_tiles(m * k, w13)).items():
+
+        def run(p: FusedPath = path, t: GemvTiles | None = tiles) -> torch.Tensor:
+            return fused_moe(x, w13, w2, r, cfg, path=p, gemv_tiles=t)
+
+        try:
+            err = rel_err(ref, run())
+            ms = time_graph(run)
+        except Exception as exc:  # a variant may not compile
+            print(f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400])
+            continue
+        ratio = f"{ms / fl:.2f}x" if ms else "-"
+        print(
+            f"{name:15s} M={m:4d} {key:22s} {ms or float('nan'):8.4f} ms"
+            f" {ratio:>7s} err {err:.1e}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    only = sys.argv[1:] or list(MODELS)
+    sizes = [int(v) for v in os.environ.get("PROBE_M", "1,4,16").split(",")]
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
+    for name in only:
+        layer = int4_layer(name)
+        for m in sizes:
+            cell(name, m, layer, bw)
+        del layer
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
