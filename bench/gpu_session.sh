@@ -32,6 +32,9 @@
 # "check22": PROBE_SET 20 at Mixtral M = 36-64 and DeepSeek-V3 M = 288 / 384 (the
 # table's own choice there), then PROBE_SET 22, one log in $OUT. "w2wide24":
 # PROBE_SET 24 (the warpgroup kernel's w2 in 128 x 128 tiles of 8 warps), logs in $OUT.
+# "intdot": the benchmark (its RESULTS.md, results.json and charts copied to $OUT), then
+# the GEMV's CUDA tests in nine jobs with the graph / sync tests and the module's, for
+# the table with integer products (GemvTiles.int_dot), one log in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -176,6 +179,34 @@ if [ "$mode" = "probes" ]; then
   probe 13 4,16,64 240
   probe 14 32,64 150 mixtral-8x7b qwen3-235b-a22b
   probe 15 2,4,8 150 mixtral-8x7b qwen3-235b-a22b
+  exit $status
+fi
+if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/sync tests
+  timeout 200 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
+  tail -3 "$out/bench.log"
+  cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
+  quickjob() {  # name, then pytest arguments
+    local name=$1; shift
+    timeout "${JOB_S:-330}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
+      || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
+  }
+  gemv=tests/backends/test_triton_gemv_cuda.py
+  lv="not loop_variants"
+  quickjob g1 $gemv -k "bytes and $lv" &
+  quickjob g2 $gemv -k "words and $lv" &
+  quickjob g3 $gemv -k "paired and $lv" &
+  quickjob g4 $gemv -k "pdl and $lv" &
+  quickjob g5 $gemv -k "bulk and $lv" &
+  quickjob g6 $gemv -k "intdot and not intdot_few and $lv" &
+  quickjob g7 $gemv -k "intdot_few and $lv" &
+  quickjob g8 $gemv -k "loop_variants" &
+  quickjob g9 $gemv -k "not (bytes or words or paired or pdl or bulk or intdot) and $lv" &
+  quickjob graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
+  quickjob modules tests/modules/test_int4_moe_cuda.py &
+  for job in $(jobs -p); do wait "$job" || status=1; done
+  for name in g1 g2 g3 g4 g5 g6 g7 g8 g9 graphs modules; do echo "=== $name"; cat "/tmp/cuda_$name.log"; done \
+    > "$out/cuda_intdot_suite.log"
+  grep -E "passed|failed|error" "$out/cuda_intdot_suite.log" | grep -v "^E " | tail -8
   exit $status
 fi
 if [ "$mode" != "tests" ]; then

@@ -41,7 +41,7 @@ most ``GEMV_FEW_PAIRS`` pairs. Before the half2 word GEMV this also served <= 8 
 of small experts (M = 1: 0.071 ms vs 0.075 for 32 x 256 on Qwen3-235B, H200)."""
 GEMV_PAIRED_FEW: Final = GemvTiles(
     block_n=8, block_k=512, num_warps=1, words=True, paired=True, prefetch=True,
-    pdl=True,
+    pdl=True, int_dot=True,
 )  # fmt: skip
 """Decode GEMV on int32 words, two words of a group per float16 chain
 (``_kernels_gemv_pairs.py``), 8 rows, each step's words, scales and inputs loaded one
@@ -54,11 +54,13 @@ sweeps: ``sweep_words_paired_h200.log`` (paired against one word a chain; 16 x 2
 8 x 1024 slower), ``sweep_words_pdl_h200.log`` (``pdl``: 0.0199 against
 0.0216-0.0220). A persistent grid (``sweep_words_persistent_h200.log``, the tree of
 a6a820a) and a streamed one (``sweep_words_stream_h200.log``, commit e733cbb) were
-slower in every cell but a tie or two."""
+slower in every cell but a tie or two. Products in integers (``int_dot``, both
+GEMVs; ``bench/sweeps/probe_int_dot_h100.log``, H100, graph replay): Qwen3-30B-A3B
+M = 1 0.0191 against 0.0199 ms in float16 chains."""
 GEMV_PAIRED: Final = GemvTiles(
     block_n=8, block_k=512, num_warps=1, words=True, paired=True, pdl=True, tma=True,
-    loop_stages=3, w2_tiles=attrs.evolve(GEMV_PAIRED_FEW, block_n=16, prefetch=False,
-    tma=True, loop_stages=3),
+    loop_stages=3, int_dot=True, w2_tiles=attrs.evolve(GEMV_PAIRED_FEW, block_n=16,
+    prefetch=False, tma=True, loop_stages=3),
 )  # fmt: skip
 """The paired decode GEMV reading its weight words by TMA (``GemvTiles.tma``: one
 ``[rows, 512 / 8]`` bulk copy per matrix and step, Triton-pipelined 3 stages deep
@@ -76,7 +78,14 @@ alone (w2 as ``GEMV_PAIRED_FEW``) was 1-2% faster at M = 1 of Mixtral and Qwen3-
 and up to 16% slower elsewhere, on w2 alone slower in 11 of 12 cells. Boxes of
 32-byte rows (a 4-D view giving each half of a group in its own copy; commit 762aaec,
 ``sweep_words_tma_h200.log``) were 1.04-1.28x slower than the table. Where TMA does not
-apply (``tma_fit``, ``tma_target``) the same tiles run plain, unpipelined loads."""
+apply (``tma_fit``, ``tma_target``) the same tiles run plain, unpipelined loads.
+Products in integers (``int_dot``, both GEMVs; ``_kernels_gemv_ints.py``: 616 SASS
+a gated step against 824 offline, 96 registers against 128) took, on an H100 (graph
+replay, ms, ``bench/sweeps/probe_int_dot_h100.log``; float16 chains in brackets):
+Mixtral M = 1 / 4 0.0836 / 0.2246 (0.0870 / 0.2344); Qwen3-30B-A3B M = 4 0.0428
+(0.0459); Qwen3-235B M = 1 / 4 0.0407 / 0.1113 (0.0434 / 0.1157); DeepSeek-V3 M = 1 /
+4 0.0810 / 0.2519 (0.0813 / 0.2593); faster or level in all 12 GEMV cells measured
+(M = 1, 4 and 16 of the four models), on w13 and w2 each, most on both."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's

@@ -285,6 +285,8 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert many.words
     assert many.paired
     assert many.pdl  # programmatic dependent launch where the GPU has it
+    assert few.int_dot  # products by dp4a, both GEMVs
+    assert many.int_dot
     assert not configs.GEMV_FEW.words
     dense = ExpertMatrix(data=torch.empty(8, 2 * 768, 2048, dtype=torch.bfloat16))
     assert fused.pick_gemv_tiles(1, dense) is configs.GEMV_16BIT

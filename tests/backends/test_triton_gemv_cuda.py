@@ -38,26 +38,27 @@ KERNELS = {
         prefetch=True,
         pdl=True,
     ),
-    "bulk": configs.GEMV_PAIRED,
-    "intdot": attrs.evolve(
+    "bulk": attrs.evolve(
         configs.GEMV_PAIRED,
-        int_dot=True,
+        int_dot=False,
         w2_tiles=attrs.evolve(
             configs.GEMV_PAIRED_FEW,
             block_n=16,
             prefetch=False,
             tma=True,
             loop_stages=3,
-            int_dot=True,
+            int_dot=False,
         ),
     ),
-    "intdot_few": attrs.evolve(configs.GEMV_PAIRED_FEW, int_dot=True),
+    "intdot": configs.GEMV_PAIRED,
+    "intdot_few": configs.GEMV_PAIRED_FEW,
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
 at the tile of the table before the paired one; paired: ``GEMV_PAIRED`` before TMA
-reads; pdl: ``GEMV_PAIRED_FEW``, with programmatic dependent launch; bulk:
-``GEMV_PAIRED``, TMA (bulk tensor copy) reads, w2 on its own tiles; intdot and
-intdot_few: those two with integer products, ``GemvTiles.int_dot``). The keys are
+reads; pdl: ``GEMV_PAIRED_FEW`` in float16 chains, with programmatic dependent
+launch; bulk: ``GEMV_PAIRED`` in float16 chains, TMA (bulk tensor copy) reads, w2 on
+its own tiles; intdot and intdot_few: ``GEMV_PAIRED`` and ``GEMV_PAIRED_FEW`` as the
+table has them, products in integers, ``GemvTiles.int_dot``). The keys are
 ``-k`` selectors of bench/gpu_session.sh's jobs."""
 
 
