@@ -6,7 +6,8 @@ times, under CUDA-graph replay with L2 flushed (as ``bench_gpu.py``), triton-w4a
 the table runs it (``auto``, first and last), its ``gemv`` path on the table's GEMV
 tiles (``pick_gemv_tiles``), and the same tiles with ``int_dot`` on both GEMVs, on w13
 alone, on w2 alone, and on both with w13 in 16-row tiles; each output is checked
-against the float32 reference first (``err``).
+against the float32 reference first (``err``). ``PROBE_SET=2``: the table (now with
+integer products) against other tiles around it (``tile_variants``).
 """
 
 # ruff: noqa: D103, T201
@@ -38,8 +39,35 @@ from backends.triton._tiles import GemvTiles
 from core.reference import moe_forward_reference
 
 
+def tile_variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
+    """``PROBE_SET=2``: other tiles around the table's (integer products throughout)."""
+    w2 = table.w2_tiles or table
+    gemv: dict[str, GemvTiles] = {
+        "gemv table": table,
+        "w13 4 rows": attrs.evolve(table, block_n=4),
+        "w13 8 x 1024": attrs.evolve(table, block_k=1024),
+        "2 stages": attrs.evolve(
+            table, loop_stages=2, w2_tiles=attrs.evolve(w2, loop_stages=2)
+        ),
+        "4 stages": attrs.evolve(
+            table, loop_stages=4, w2_tiles=attrs.evolve(w2, loop_stages=4)
+        ),
+        "w2 8 rows": attrs.evolve(table, w2_tiles=attrs.evolve(w2, block_n=8)),
+        "w2 32 rows": attrs.evolve(table, w2_tiles=attrs.evolve(w2, block_n=32)),
+        "w2 split 2": attrs.evolve(table, w2_split=2),
+        "w2 split 4": attrs.evolve(table, w2_split=4),
+    }
+    return {
+        "auto": ("auto", None),
+        **{key: ("gemv", tiles) for key, tiles in gemv.items()},
+        "auto again": ("auto", None),
+    }
+
+
 def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
     """The probe's variants of the table's GEMV tiles ``table``."""
+    if os.environ.get("PROBE_SET") == "2":
+        return tile_variants(table)
     w2 = table.w2_tiles or table
     w2_int = attrs.evolve(w2, int_dot=True)
     return {
