@@ -7,7 +7,8 @@
 (``GemvTiles.paired``). The math of ``_kernels_gemv_words.py`` (half2 products of
 codes and inputs scaled per step), with each float16 chain summing two words of one
 row and one group: one float32 conversion, one scale and one accumulation for both
-(half the accumulators and scale loads).
+(half the accumulators and scale loads); or, with ``INT_DOT``, the two words'
+products in integers (``_kernels_gemv_ints.py``, the table's form).
 """
 
 import triton
@@ -341,7 +342,10 @@ def _moe_gemv_pairs_kernel(
 
     ``TMA`` (``GemvTiles.tma``): the weight words come by bulk tensor copies through
     ``w_desc`` (``_tma_words``), which Triton pipelines through shared memory
-    ``LOOP_STAGES`` deep; without it ``w_desc`` is unused (None).
+    ``LOOP_STAGES`` deep; without it ``w_desc`` is unused (None). ``INT_DOT``
+    (``GemvTiles.int_dot``): each step's products in integers instead of float16
+    chains (``_int_pair_math``, ``_kernels_gemv_ints.py``: exact sums, inputs on a
+    15-bit grid per column of 16).
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)

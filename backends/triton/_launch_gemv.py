@@ -175,7 +175,8 @@ def _launch_words(
     """``launch_gemv``'s int32-word kernels, paired or one word a float16 chain.
 
     Paired where ``tiles.paired`` and groups hold two words or more, by TMA where
-    ``tiles.tma``, ``tma_target`` and ``tma_fit`` allow. ``common``, ``out_strides``
+    ``tiles.tma``, ``tma_target`` and ``tma_fit`` allow, its products in integers
+    where ``tiles.int_dot`` (the one-word kernel has no integer form). ``common``, ``out_strides``
     and ``meta`` as ``launch_gemv`` built them.
     """
     from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel

@@ -57,6 +57,7 @@ def _gemv(
     codes: torch.Tensor,
     scale: torch.Tensor,
     zero: torch.Tensor | None,
+    *,
     group: int,
     tiles: GemvTiles,
 ) -> torch.Tensor:
@@ -122,7 +123,7 @@ def test_int_gemv_error_within_the_grid_bound(
     n, k, group = (32, 128, 64) if tiles.block_k == 32 else (32, 96, 32)
     codes, scale, zero, w64 = _weights(n, k, group, asym=asym, generator=generator)
     x16 = _inputs(inputs, k, generator)
-    out = _gemv(x16, codes, scale, zero, group, tiles).double()
+    out = _gemv(x16, codes, scale, zero, group=group, tiles=tiles).double()
     want = x16.double() @ w64[0].T
     group_max = x16.double().abs().view(k // group, group).amax(-1)
     grid = 2.0**-14 * group_max.repeat_interleave(group) + 2.0**-123
@@ -145,7 +146,7 @@ def test_int_gemv_is_exact_on_bf16_inputs_within_2_6_of_the_column_max(
     sign = torch.where(torch.rand(1, k, generator=generator) < 0.5, -1.0, 1.0)
     x16 = (sign * mantissa * 2.0 ** -power.view(1, k)).to(torch.bfloat16)
     assert torch.equal(x16.float(), sign * mantissa * 2.0 ** -power.view(1, k))
-    out = _gemv(x16, codes, scale, zero, group, tiles).double()
+    out = _gemv(x16, codes, scale, zero, group=group, tiles=tiles).double()
     want = x16.double() @ w64[0].T
     size = x16.double().abs() @ w64[0].abs().T
     assert ((out - want).abs() <= 1e-6 * size).all()
@@ -163,10 +164,12 @@ def test_int_gemv_non_finite_inputs_give_nan_and_zeros_give_zeros(
     for bad in (float("inf"), float("-inf"), float("nan")):
         x16 = _inputs("1", k, generator)
         x16[0, 40] = bad
-        assert torch.isnan(_gemv(x16, codes, scale, zero, group, tiles)).all()
+        assert torch.isnan(
+            _gemv(x16, codes, scale, zero, group=group, tiles=tiles)
+        ).all()
     zeros = torch.zeros(1, k, dtype=torch.bfloat16)
     assert torch.equal(
-        _gemv(zeros, codes, scale, zero, group, tiles), torch.zeros(1, n)
+        _gemv(zeros, codes, scale, zero, group=group, tiles=tiles), torch.zeros(1, n)
     )
 
 
