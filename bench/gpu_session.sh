@@ -35,6 +35,10 @@
 # "intdot": the benchmark (its RESULTS.md, results.json and charts copied to $OUT), then
 # the GEMV's CUDA tests in nine jobs with the graph / sync tests and the module's, for
 # the table with integer products (GemvTiles.int_dot), one log in $OUT.
+# "rule": on an H200 the benchmark (copied to $OUT) and the integer GEMV's CUDA tests
+# with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
+# rule: the table against its GEMV at M = 2-32, two routing draws) and
+# test_triton_cuda.py in four jobs; logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -179,6 +183,37 @@ if [ "$mode" = "probes" ]; then
   probe 13 4,16,64 240
   probe 14 32,64 150 mixtral-8x7b qwen3-235b-a22b
   probe 15 2,4,8 150 mixtral-8x7b qwen3-235b-a22b
+  exit $status
+fi
+if [ "$mode" = "rule" ]; then  # an H200: the benchmark; else the decode-rule probe and suites
+  quickjob() {  # name, then pytest arguments
+    local name=$1; shift
+    timeout "${JOB_S:-300}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
+      || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
+  }
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    timeout 250 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
+    tail -3 "$out/bench.log"
+    cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
+    gemv=tests/backends/test_triton_gemv_cuda.py
+    quickjob i1 $gemv -k "intdot and not intdot_few and not magnitude" &
+    quickjob i2 $gemv -k "intdot_few or (intdot and magnitude)" &
+    quickjob i3 tests/backends/test_triton_cuda.py -k "graph or sync" &
+    names="i1 i2 i3"
+  else
+    PROBE_SET=3 PROBE_M=2,4,8,12,16,24,32 PROBE_ROUTES=2 timeout 330 python bench/probe_int_dot.py \
+      > "$out/probe_int_dot_set3.log" 2>&1 || status=1
+    tail -3 "$out/probe_int_dot_set3.log"
+    cuda=tests/backends/test_triton_cuda.py
+    quickjob c1 $cuda -k "w4a16 and schemes_and_dtypes" &
+    quickjob c2 $cuda -k "w4a16 and not schemes_and_dtypes" &
+    quickjob c3 $cuda -k "not w4a16 and (schemes_and_dtypes or activations)" &
+    quickjob c4 $cuda -k "not w4a16 and not schemes_and_dtypes and not activations" &
+    names="c1 c2 c3 c4"
+  fi
+  for job in $(jobs -p); do wait "$job" || status=1; done
+  for name in $names; do echo "=== $name"; cat "/tmp/cuda_$name.log"; done > "$out/cuda_rule_call.log"
+  grep -E "passed|failed|error" "$out/cuda_rule_call.log" | grep -v "^E " | tail -6
   exit $status
 fi
 if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/sync tests

@@ -7,7 +7,9 @@ the table runs it (``auto``, first and last), its ``gemv`` path on the table's G
 tiles (``pick_gemv_tiles``), and the same tiles with ``int_dot`` on both GEMVs, on w13
 alone, on w2 alone, and on both with w13 in 16-row tiles; each output is checked
 against the float32 reference first (``err``). ``PROBE_SET=2``: the table (now with
-integer products) against other tiles around it (``tile_variants``).
+integer products) against other tiles around it (``tile_variants``); ``PROBE_SET=3``:
+the table (``auto``, before and after) against its GEMV forced (``gemv``), for the
+decode rule (``use_gemv``); ``PROBE_ROUTES=n``: n routing draws a cell.
 """
 
 # ruff: noqa: D103, T201
@@ -68,6 +70,14 @@ def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
     """The probe's variants of the table's GEMV tiles ``table``."""
     if os.environ.get("PROBE_SET") == "2":
         return tile_variants(table)
+    if (
+        os.environ.get("PROBE_SET") == "3"
+    ):  # the decode rule: the table against the GEMV
+        return {
+            "auto": ("auto", None),
+            "gemv": ("gemv", table),
+            "auto again": ("auto", None),
+        }
     w2 = table.w2_tiles or table
     w2_int = attrs.evolve(w2, int_dot=True)
     return {
@@ -84,8 +94,8 @@ def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
     }
 
 
-def cell(name: str, m: int, layer: tuple[Any, ...], bw: float) -> None:
-    """Time every variant of one model and M on one routing draw."""
+def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str = "") -> None:
+    """Time every variant of one model and M on one routing draw (``tag`` its label)."""
     e, k, d, f = MODELS[name]
     cfg, q, w13, w2 = layer
     x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
@@ -106,7 +116,7 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float) -> None:
             continue
         ratio = f"{ms / fl:.2f}x" if ms else "-"
         print(
-            f"{name:15s} M={m:4d} {key:22s} {ms or float('nan'):8.4f} ms"
+            f"{name:15s} M={m:4d}{tag} {key:22s} {ms or float('nan'):8.4f} ms"
             f" {ratio:>7s} err {err:.1e}",
             flush=True,
         )
@@ -115,13 +125,15 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float) -> None:
 def main() -> None:
     only = sys.argv[1:] or list(MODELS)
     sizes = [int(v) for v in os.environ.get("PROBE_M", "1,4,16").split(",")]
+    draws = int(os.environ.get("PROBE_ROUTES", "1"))  # routing draws a cell
     torch.manual_seed(0)
     bw = copy_bandwidth()
     print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
     for name in only:
         layer = int4_layer(name)
         for m in sizes:
-            cell(name, m, layer, bw)
+            for i in range(draws):
+                cell(name, m, layer, bw, f" r{i}" if draws > 1 else "")
         del layer
         torch.cuda.empty_cache()
 
