@@ -35,6 +35,8 @@
 # "intdot": the benchmark (its RESULTS.md, results.json and charts copied to $OUT), then
 # the GEMV's CUDA tests in nine jobs with the graph / sync tests and the module's, for
 # the table with integer products (GemvTiles.int_dot), one log in $OUT.
+# "wide": the benchmark (copied to $OUT), PROBE_SET=3 at M = 12-24 of the 128- and
+# 256-expert models (the wide rule, GEMV_WIDE_GPUS), and the GEMV's model-shape tests.
 # "rule": on an H200 the benchmark (copied to $OUT) and the integer GEMV's CUDA tests
 # with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
@@ -183,6 +185,17 @@ if [ "$mode" = "probes" ]; then
   probe 13 4,16,64 240
   probe 14 32,64 150 mixtral-8x7b qwen3-235b-a22b
   probe 15 2,4,8 150 mixtral-8x7b qwen3-235b-a22b
+  exit $status
+fi
+if [ "$mode" = "wide" ]; then  # the benchmark, the rule probe on the wide rule, its tests
+  timeout 250 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
+  tail -3 "$out/bench.log"
+  cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
+  PROBE_SET=3 PROBE_M=12,16,24 PROBE_ROUTES=2 timeout 200 python bench/probe_int_dot.py \
+    qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 > "$out/probe_int_dot_set3_wide.log" 2>&1 || status=1
+  timeout 280 python -m pytest -q -p no:cacheprovider tests/backends/test_triton_gemv_cuda.py \
+    -k "model_shapes" > "$out/cuda_wide_rule.log" 2>&1 || status=1
+  tail -2 "$out/cuda_wide_rule.log"
   exit $status
 fi
 if [ "$mode" = "rule" ]; then  # an H200: the benchmark; else the decode-rule probe and suites

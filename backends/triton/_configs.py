@@ -141,6 +141,24 @@ per expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log
 sweep_words_mixtral_m2_8_h200.log): the word GEMV at M = 3 / 4 took 0.239 / 0.300 ms
 against the GEMM's 0.291 / 0.382; at M = 6 and 8 (1.5 and 2 pairs per expert) the GEMM
 won (0.340 vs 0.424, 0.431 vs 0.559)."""
+GEMV_WIDE_GPUS: Final = ("H100",)
+GEMV_WIDE_MIN_EXPERTS: Final = 128
+GEMV_WIDE_PAIRS_PER_EXPERT: Final = 0.75
+"""On the GPUs named here (a substring of the device's name) and
+for at least ``GEMV_WIDE_MIN_EXPERTS`` experts, ``use_gemv`` takes the GEMV where the
+Gluon GEMM runs up to this many pairs a expert (rounded down) instead of
+``GEMV_MAX_PAIRS_MMA`` at one per two. With integer products the GEMV beat the GEMM
+there on an H100 (bench/sweeps/probe_int_dot_set3_h100.log, graph replay, ms, two
+routing draws, GEMV against the table): DeepSeek-V3 M = 12 / 16 / 24 / 32 (96-256
+pairs) 0.613 / 0.737 / 1.039 / 1.387 against 0.706 / 0.831 / 1.143 / 1.497 (6-13% in
+all eight draws); Qwen3-30B-A3B M = 12 (96 pairs) 0.087 / 0.086 against 0.100 / 0.099,
+Qwen3-235B 0.257 / 0.248 against 0.288 / 0.242; at M = 16 (128 pairs) the 128-expert
+models were level (-3% to +7%), past it the GEMM won (Qwen3-235B M = 24 0.464 against
+0.374). Mixtral (8 experts) is left out: at M = 4 the GEMV won on one draw (0.222
+against 0.236) and lost on the other (0.213 against 0.160). On the H200 the GEMM is
+the faster side (it scales with the bandwidth, the GEMV hardly does: Qwen3-235B M = 16
+GEMM 0.238 ms in its record against 0.310-0.338 on the H100), so it keeps the rule
+above until measured."""
 GEMV_BY_DEFAULT: Final = True
 """Whether ``auto`` takes the decode GEMV where ``use_gemv`` allows it."""
 GEMV_INTERPRETER: Final = GemvTiles(block_n=16, block_k=64)

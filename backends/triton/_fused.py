@@ -38,6 +38,7 @@ from backends.triton._configs import choose_tiles
 from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
+    device_name,
     int4_words_fit,
     is_interpreting,
     launch_gemm,
@@ -68,7 +69,9 @@ def use_gemv(
 
     int4 of whole aligned words (``int4_words_fit``): <= ``GEMV_MAX_PAIRS`` pairs and <=
     one per expert; where the GEMM would run the Gluon kernel (``mma_runs``; ``w2``: as
-    ``w13`` if not given) <= ``GEMV_MAX_PAIRS_MMA`` and <= one per two experts. Other
+    ``w13`` if not given) <= ``GEMV_MAX_PAIRS_MMA`` and <= one per two experts, or on
+    the GPUs of ``GEMV_WIDE_GPUS`` (by device name) with at least
+    ``GEMV_WIDE_MIN_EXPERTS`` experts up to ``GEMV_WIDE_PAIRS_PER_EXPERT`` a expert. Other
     int4 (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <=
     one pair per two experts; 16-bit only for experts below
     ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
@@ -81,11 +84,20 @@ def use_gemv(
         return False
     if w13.is_int4 and int4_words_fit(w13):
         if mma_runs(w13, w13 if w2 is None else w2):
-            return num_pairs <= min(configs.GEMV_MAX_PAIRS_MMA, experts // 2)
+            most = min(configs.GEMV_MAX_PAIRS_MMA, experts // 2)
+            if experts >= configs.GEMV_WIDE_MIN_EXPERTS and _gemv_wide(w13.data):
+                most = max(most, int(experts * configs.GEMV_WIDE_PAIRS_PER_EXPERT))
+            return num_pairs <= most
         return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
     if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
         return False
     return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
+
+
+def _gemv_wide(a: torch.Tensor) -> bool:
+    """Whether ``a``'s CUDA device is one of ``GEMV_WIDE_GPUS``, by name."""
+    name = device_name(a)
+    return any(gpu in name for gpu in configs.GEMV_WIDE_GPUS)
 
 
 def _expert_size(w13: ExpertMatrix) -> int:

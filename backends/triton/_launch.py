@@ -388,6 +388,16 @@ def wgmma_target(a: torch.Tensor) -> bool:
     return mma_target(a) and _capability(a.device) == 9 and gluon_hopper()
 
 
+def device_name(a: torch.Tensor) -> str:
+    """The name of ``a``'s CUDA device (cached per device); ``""`` off CUDA."""
+    return _device_name(a.device) if a.device.type == "cuda" else ""
+
+
+@functools.cache
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
 @functools.cache
 def gluon_kernels() -> bool:
     """Whether the Gluon decode GEMM imports: Triton 3.6 or newer.

@@ -292,6 +292,34 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fused.pick_gemv_tiles(1, dense) is configs.GEMV_16BIT
 
 
+@pytest.mark.parametrize(
+    ("gpu", "experts", "most"),
+    [
+        ("NVIDIA H100 80GB HBM3", 128, 96),  # Qwen3 to M = 12: 3/4 a expert
+        ("NVIDIA H100 80GB HBM3", 256, 192),  # DeepSeek-V3 to M = 24
+        ("NVIDIA H100 PCIe", 256, 192),
+        ("NVIDIA H100 80GB HBM3", 64, 32),  # below GEMV_WIDE_MIN_EXPERTS: one per two
+        ("NVIDIA H100 80GB HBM3", 8, 4),  # Mixtral: one per two
+        ("NVIDIA H200", 128, 64),  # not measured there: GEMV_MAX_PAIRS_MMA
+        ("NVIDIA H200", 256, 64),
+        ("NVIDIA A100-SXM4-80GB", 256, 64),
+    ],
+)
+def test_gemv_wide_rule_where_the_gluon_gemm_runs(
+    gpu: str, experts: int, most: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the Gluon GEMM runs, the GEMV takes <= 64 pairs at <= one per two
+    experts, and on an H100 with >= 128 experts up to 3/4 pair a expert."""
+    monkeypatch.setattr(fused, "mma_runs", lambda w13, w2: True)
+    monkeypatch.setattr(fused, "device_name", lambda a: gpu)
+    words = ExpertMatrix(
+        data=torch.zeros(experts, 4, 8, dtype=torch.uint8), group_size=16
+    )
+    assert use_gemv(most, words, enabled=True)
+    assert not use_gemv(most + 1, words, enabled=True)
+    assert not use_gemv(1, words, enabled=False)
+
+
 def test_dequant_is_the_prefill_rule() -> None:
     w13 = ExpertMatrix(data=torch.zeros(8, 4, 2, dtype=torch.uint8))
     assert use_dequant(8 * DEQUANT_PAIRS_PER_EXPERT, w13)

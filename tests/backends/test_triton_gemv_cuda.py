@@ -133,12 +133,15 @@ def test_gemv_model_shapes(size: tuple[int, int, int, int, int], kernel: str) ->
         dtype=torch.bfloat16,
     )
     # words: <= 128 pairs and <= one per expert; where the Gluon GEMM runs <= 64
-    # pairs and <= one per two experts
+    # pairs and <= one per two experts, on an H100 with >= 128 experts 3/4 a expert
+    mma = mma_runs(prepared.w13, prepared.w2)
     most = (
         min(configs.GEMV_MAX_PAIRS_MMA, e // 2)
-        if mma_runs(prepared.w13, prepared.w2)
+        if mma
         else min(configs.GEMV_MAX_PAIRS, e)
     )
+    if mma and e >= 128 and "H100" in torch.cuda.get_device_name():
+        most = e * 3 // 4
     assert use_gemv(t * k, prepared.w13, prepared.w2, enabled=True) is (t * k <= most)
     _check(config, SCHEMES[2], torch.bfloat16, t, kernel=kernel)
 
