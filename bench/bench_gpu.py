@@ -297,6 +297,56 @@ def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+def probe_variant(
+    label: str,
+    key: str,
+    run: Callable[[], torch.Tensor],
+    ref: torch.Tensor,
+    floor: float,
+    *,
+    replay: bool = True,
+    width: int = 22,
+) -> None:
+    """A probe's line for one variant: ``run``'s output checked against ``ref``, then
+    timed replayed (else eagerly), in ms and multiples of ``floor``; a variant that
+    fails (one may not compile) prints why instead.
+    """
+    try:
+        err = rel_err(ref, run())
+        ms = time_graph(run) if replay else time_eager(run)
+    except Exception as exc:
+        print(f"{label} {key}: FAILED {type(exc).__name__}: {exc}"[:400])
+        return
+    ratio = f"{ms / floor:.2f}x" if ms else "-"
+    print(
+        f"{label} {key:{width}s} {ms if ms else float('nan'):8.4f} ms {ratio:>7s}"
+        f" err {err:.1e}",
+        flush=True,
+    )
+
+
+def probe_models(
+    cell: Callable[[str, int, tuple[object, ...], float, str], None], sizes: str
+) -> None:
+    """A probe's loop: ``cell`` for each model named on the command line (default all)
+    at each M of ``PROBE_M`` (default ``sizes``) on ``PROBE_ROUTES`` routing draws
+    (default 1), each model's layer built once (``int4_layer``).
+    """
+    only = sys.argv[1:] or list(MODELS)
+    ms_list = [int(v) for v in os.environ.get("PROBE_M", sizes).split(",")]
+    draws = int(os.environ.get("PROBE_ROUTES", "1"))
+    torch.manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
+    for name in only:
+        layer = int4_layer(name)
+        for m in ms_list:
+            for i in range(draws):
+                cell(name, m, layer, bw, f" r{i}" if draws > 1 else "")
+        del layer
+        torch.cuda.empty_cache()
+
+
 def checked(ref: torch.Tensor, out: torch.Tensor, what: str) -> float:
     """``rel_err``, refusing to go on past ``MAX_RELERR`` (a wrong kernel is not timed)."""
     err = rel_err(ref, out)

@@ -12,7 +12,7 @@ the table (``auto``, before and after) against its GEMV forced (``gemv``), for t
 decode rule (``use_gemv``); ``PROBE_ROUTES=n``: n routing draws a cell.
 """
 
-# ruff: noqa: D103, T201
+# ruff: noqa: D103
 # A GPU script, not library code: print is its output.
 
 import os
@@ -28,12 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
     MODELS,
-    copy_bandwidth,
     floor_ms,
-    int4_layer,
-    rel_err,
+    probe_models,
+    probe_variant,
     route,
-    time_graph,
 )
 
 from backends.triton._fused import Path as FusedPath, fused_moe, pick_gemv_tiles
@@ -108,34 +106,11 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str = "") ->
         def run(p: FusedPath = path, t: GemvTiles | None = tiles) -> torch.Tensor:
             return fused_moe(x, w13, w2, r, cfg, path=p, gemv_tiles=t)
 
-        try:
-            err = rel_err(ref, run())
-            ms = time_graph(run)
-        except Exception as exc:  # a variant may not compile
-            print(f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400])
-            continue
-        ratio = f"{ms / fl:.2f}x" if ms else "-"
-        print(
-            f"{name:15s} M={m:4d}{tag} {key:22s} {ms or float('nan'):8.4f} ms"
-            f" {ratio:>7s} err {err:.1e}",
-            flush=True,
-        )
+        probe_variant(f"{name:15s} M={m:4d}{tag}", key, run, ref, fl)
 
 
 def main() -> None:
-    only = sys.argv[1:] or list(MODELS)
-    sizes = [int(v) for v in os.environ.get("PROBE_M", "1,4,16").split(",")]
-    draws = int(os.environ.get("PROBE_ROUTES", "1"))  # routing draws a cell
-    torch.manual_seed(0)
-    bw = copy_bandwidth()
-    print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
-    for name in only:
-        layer = int4_layer(name)
-        for m in sizes:
-            for i in range(draws):
-                cell(name, m, layer, bw, f" r{i}" if draws > 1 else "")
-        del layer
-        torch.cuda.empty_cache()
+    probe_models(cell, "1,4,16")
 
 
 if __name__ == "__main__":

@@ -71,13 +71,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
     MODELS,
-    copy_bandwidth,
     floor_ms,
     int4_layer,
-    rel_err,
+    probe_models,
+    probe_variant,
     route,
-    time_eager,
-    time_graph,
 )
 from probe_mma_sets import variants, words
 
@@ -227,18 +225,9 @@ def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None
                 x, w13, w2, r, cfg, tiles=t, path="auto" if t is None else "gemm"
             )  # fmt: skip
 
-        try:
-            err = rel_err(ref, run())
-            replay = m <= 64 or os.environ.get("PROBE_GRAPH") == "1"
-            ms = time_graph(run) if replay else time_eager(run)
-        except Exception as exc:  # a variant may not compile
-            print(f"{name} M={m} {key}: FAILED {type(exc).__name__}: {exc}"[:400])
-            continue
-        ratio = f"{ms / fl:.2f}x" if ms else "-"
-        print(
-            f"{name:15s} M={m:4d}{tag} {key:28s} {ms if ms else float('nan'):8.4f} ms"
-            f" {ratio:>7s} err {err:.1e}",
-            flush=True,
+        replay = m <= 64 or os.environ.get("PROBE_GRAPH") == "1"
+        probe_variant(
+            f"{name:15s} M={m:4d}{tag}", key, run, ref, fl, replay=replay, width=28
         )
 
 
@@ -254,19 +243,7 @@ def main() -> None:
         return
     if os.environ.get("PROBE_SET") == "23":
         _cap_registers()
-    only = sys.argv[1:] or list(MODELS)
-    ms_list = [int(v) for v in os.environ.get("PROBE_M", "4,16,64,256").split(",")]
-    draws = int(os.environ.get("PROBE_ROUTES", "1"))  # routing draws a cell
-    torch.manual_seed(0)
-    bw = copy_bandwidth()
-    print(f"copy {bw / 1e12:.2f} TB/s", flush=True)
-    for name in only:
-        layer = int4_layer(name)
-        for m in ms_list:
-            for i in range(draws):
-                cell(name, m, layer, bw, f" r{i}" if draws > 1 else "")
-        del layer
-        torch.cuda.empty_cache()
+    probe_models(cell, "4,16,64,256")
 
 
 if __name__ == "__main__":
