@@ -325,6 +325,24 @@ def probe_variant(
     )
 
 
+def probe_inputs(
+    name: str, m: int, layer: tuple[object, ...], bw: float
+) -> tuple[torch.Tensor, Routing, float, torch.Tensor]:
+    """A probe cell's inputs: ``m`` tokens of model ``name``, a uniform routing draw,
+    the floor (ms, at copy bandwidth ``bw``) and the float32 reference output;
+    ``layer`` as ``int4_layer`` gives it.
+    """
+    e, k, d, f = MODELS[name]
+    cfg, q = layer[0], layer[1]
+    assert isinstance(cfg, MoEConfig)
+    assert isinstance(q, QuantizedExpertWeights)
+    x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
+    r = route(m, e, k)
+    active = int(torch.unique(r.topk_ids).numel())
+    floor = floor_ms(m, active, (e, k, d, f), bw, 1e30)
+    return x, r, floor, moe_forward_reference(x, q, r, cfg)
+
+
 def probe_models(
     cell: Callable[[str, int, tuple[object, ...], float, str], None], sizes: str
 ) -> None:

@@ -28,15 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
     MODELS,
-    floor_ms,
+    probe_inputs,
     probe_models,
     probe_variant,
-    route,
 )
 
 from backends.triton._fused import Path as FusedPath, fused_moe, pick_gemv_tiles
 from backends.triton._tiles import GemvTiles
-from core.reference import moe_forward_reference
 
 
 def tile_variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
@@ -94,13 +92,9 @@ def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
 
 def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str = "") -> None:
     """Time every variant of one model and M on one routing draw (``tag`` its label)."""
-    e, k, d, f = MODELS[name]
-    cfg, q, w13, w2 = layer
-    x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
-    r = route(m, e, k)
-    active = int(torch.unique(r.topk_ids).numel())
-    fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
-    ref = moe_forward_reference(x, q, r, cfg)
+    k = MODELS[name][1]
+    cfg, _, w13, w2 = layer
+    x, r, fl, ref = probe_inputs(name, m, layer, bw)
     for key, (path, tiles) in variants(pick_gemv_tiles(m * k, w13)).items():
 
         def run(p: FusedPath = path, t: GemvTiles | None = tiles) -> torch.Tensor:

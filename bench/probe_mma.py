@@ -71,8 +71,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_gpu import (
     MODELS,
-    floor_ms,
     int4_layer,
+    probe_inputs,
     probe_models,
     probe_variant,
     route,
@@ -83,7 +83,6 @@ from backends.triton import _launch
 from backends.triton._fused import fused_moe, pick_tiles
 from backends.triton._launch import ExpertMatrix
 from backends.triton._tiles import MoETiles
-from core.reference import moe_forward_reference
 
 
 def _host_profile(label: str, fn: Callable[[], torch.Tensor], top: int) -> None:
@@ -197,13 +196,9 @@ LIBRARY_WGMMA_ASYNC = _launch.WGMMA_ASYNC
 
 def cell(name: str, m: int, layer: tuple[Any, ...], bw: float, tag: str) -> None:
     """Time every variant of one model and M on one routing draw (``tag`` its label)."""
-    e, k, d, f = MODELS[name]
-    cfg, q, w13, w2 = layer
-    x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
-    r = route(m, e, k)
-    active = int(torch.unique(r.topk_ids).numel())
-    fl = floor_ms(m, active, (e, k, d, f), bw, 1e30)
-    ref = moe_forward_reference(x, q, r, cfg)
+    k = MODELS[name][1]
+    cfg, _, w13, w2 = layer
+    x, r, fl, ref = probe_inputs(name, m, layer, bw)
     default = pick_tiles(m * k, w13, w2)
     always_sync = os.environ.get("WGMMA_SYNC") == "1"  # PROBE_SET=16
     for key, tiles in variants(default).items():
