@@ -4,9 +4,11 @@ Run on the GPU from the repository root: ``python bench/probe_int_dot.py [model 
 (``PROBE_M=1,4`` for other sizes; default 1, 4 and 16). For each model shape and M it
 times, under CUDA-graph replay with L2 flushed (as ``bench_gpu.py``), triton-w4a16 as
 the table runs it (``auto``, first and last), its ``gemv`` path on the table's GEMV
-tiles (``pick_gemv_tiles``), and the same tiles with ``int_dot`` on both GEMVs, on w13
-alone, on w2 alone, and on both with w13 in 16-row tiles; each output is checked
-against the float32 reference first (``err``). ``PROBE_SET=2``: the table (now with
+tiles (``pick_gemv_tiles``) in float16 chains (``int_dot`` off on both GEMVs), and the
+same tiles with ``int_dot`` on both GEMVs, on w13 alone, on w2 alone, and on both with
+w13 in 16-row tiles; each output is checked against the float32 reference first
+(``err``). (``sweeps/probe_int_dot_h100.log`` ran when the table was the float16 form,
+its ``gemv table`` row the float16 one.) ``PROBE_SET=2``: the table (now with
 integer products) against other tiles around it (``tile_variants``); ``PROBE_SET=3``:
 the table (``auto``, before and after) against its GEMV forced (``gemv``), for the
 decode rule (``use_gemv``); ``PROBE_ROUTES=n``: n routing draws a cell.
@@ -66,25 +68,24 @@ def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
     """The probe's variants of the table's GEMV tiles ``table``."""
     if os.environ.get("PROBE_SET") == "2":
         return tile_variants(table)
-    if (
-        os.environ.get("PROBE_SET") == "3"
-    ):  # the decode rule: the table against the GEMV
+    if os.environ.get("PROBE_SET") == "3":  # the decode rule: table against GEMV
         return {
             "auto": ("auto", None),
             "gemv": ("gemv", table),
             "auto again": ("auto", None),
         }
-    w2 = table.w2_tiles or table
+    w2 = attrs.evolve(table.w2_tiles or table, int_dot=False, w2_tiles=None)
     w2_int = attrs.evolve(w2, int_dot=True)
+    base = attrs.evolve(table, int_dot=False, w2_tiles=w2)  # float16 chains
     return {
         "auto": ("auto", None),
-        "gemv table": ("gemv", table),
-        "gemv int": ("gemv", attrs.evolve(table, int_dot=True, w2_tiles=w2_int)),
-        "gemv int w13": ("gemv", attrs.evolve(table, int_dot=True, w2_tiles=w2)),
-        "gemv int w2": ("gemv", attrs.evolve(table, w2_tiles=w2_int)),
+        "gemv float16": ("gemv", base),
+        "gemv int": ("gemv", attrs.evolve(base, int_dot=True, w2_tiles=w2_int)),
+        "gemv int w13": ("gemv", attrs.evolve(base, int_dot=True)),
+        "gemv int w2": ("gemv", attrs.evolve(base, w2_tiles=w2_int)),
         "gemv int w13 16 rows": (
             "gemv",
-            attrs.evolve(table, block_n=16, int_dot=True, w2_tiles=w2_int),
+            attrs.evolve(base, block_n=16, int_dot=True, w2_tiles=w2_int),
         ),
         "auto again": ("auto", None),
     }

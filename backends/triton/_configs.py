@@ -80,7 +80,7 @@ and up to 16% slower elsewhere, on w2 alone slower in 11 of 12 cells. Boxes of
 ``sweep_words_tma_h200.log``) were 1.04-1.28x slower than the table. Where TMA does not
 apply (``tma_fit``, ``tma_target``) the same tiles run plain, unpipelined loads.
 Products in integers (``int_dot``, both GEMVs; ``_kernels_gemv_ints.py``: 616 SASS
-a gated step against 824 offline, 96 registers against 128) took, on an H100 (graph
+a gated step against 824 offline under Triton 3.6) took, on an H100 (graph
 replay, ms, ``bench/sweeps/probe_int_dot_h100.log``; float16 chains in brackets):
 Mixtral M = 1 / 4 0.0836 / 0.2246 (0.0870 / 0.2344); Qwen3-30B-A3B M = 4 0.0428
 (0.0459); Qwen3-235B M = 1 / 4 0.0407 / 0.1113 (0.0434 / 0.1157); DeepSeek-V3 M = 1 /
@@ -141,14 +141,17 @@ per expert (8 experts, Mixtral, bench/sweeps/sweep_words_round2_mixtral_h200.log
 sweep_words_mixtral_m2_8_h200.log): the word GEMV at M = 3 / 4 took 0.239 / 0.300 ms
 against the GEMM's 0.291 / 0.382; at M = 6 and 8 (1.5 and 2 pairs per expert) the GEMM
 won (0.340 vs 0.424, 0.431 vs 0.559)."""
-GEMV_WIDE_GPUS: Final = ("H100",)
+GEMV_WIDE_GPUS: Final = ("H100 80GB HBM3",)
 GEMV_WIDE_MIN_EXPERTS: Final = 128
 GEMV_WIDE_PAIRS_PER_EXPERT: Final = 0.75
-"""On the GPUs named here (a substring of the device's name) and
-for at least ``GEMV_WIDE_MIN_EXPERTS`` experts, ``use_gemv`` takes the GEMV where the
-Gluon GEMM runs up to this many pairs a expert (rounded down) instead of
-``GEMV_MAX_PAIRS_MMA`` at one per two. With integer products the GEMV beat the GEMM
-there on an H100 (bench/sweeps/probe_int_dot_set3_h100.log, graph replay, ms, two
+GEMV_WIDE_MAX_PAIRS: Final = 256
+"""On the GPUs named here (a substring of the device's name: the H100 SXM measured,
+not its PCIe or NVL forms) and for at least ``GEMV_WIDE_MIN_EXPERTS`` experts of
+groups of two words or more (where the GEMV runs the paired kernel's integer
+products), ``use_gemv`` takes the GEMV where the Gluon GEMM runs up to this many pairs
+a expert (rounded down), and at most ``GEMV_WIDE_MAX_PAIRS`` (the most measured),
+instead of ``GEMV_MAX_PAIRS_MMA`` at one per two. With integer products the GEMV was
+the faster there in most draws (the second Qwen3-235B one below lost) on an H100 (bench/sweeps/probe_int_dot_set3_h100.log, graph replay, ms, two
 routing draws, GEMV against the table): DeepSeek-V3 M = 12 / 16 / 24 / 32 (96-256
 pairs) 0.613 / 0.737 / 1.039 / 1.387 against 0.706 / 0.831 / 1.143 / 1.497 (6-13% in
 all eight draws); Qwen3-30B-A3B M = 12 (96 pairs) 0.087 / 0.086 against 0.100 / 0.099,

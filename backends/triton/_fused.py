@@ -71,7 +71,8 @@ def use_gemv(
     one per expert; where the GEMM would run the Gluon kernel (``mma_runs``; ``w2``: as
     ``w13`` if not given) <= ``GEMV_MAX_PAIRS_MMA`` and <= one per two experts, or on
     the GPUs of ``GEMV_WIDE_GPUS`` (by device name) with at least
-    ``GEMV_WIDE_MIN_EXPERTS`` experts up to ``GEMV_WIDE_PAIRS_PER_EXPERT`` a expert. Other
+    ``GEMV_WIDE_MIN_EXPERTS`` experts up to ``GEMV_WIDE_PAIRS_PER_EXPERT`` a expert and
+    ``GEMV_WIDE_MAX_PAIRS`` (``_gemv_wide``). Other
     int4 (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <=
     one pair per two experts; 16-bit only for experts below
     ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
@@ -85,8 +86,9 @@ def use_gemv(
     if w13.is_int4 and int4_words_fit(w13):
         if mma_runs(w13, w13 if w2 is None else w2):
             most = min(configs.GEMV_MAX_PAIRS_MMA, experts // 2)
-            if experts >= configs.GEMV_WIDE_MIN_EXPERTS and _gemv_wide(w13.data):
-                most = max(most, int(experts * configs.GEMV_WIDE_PAIRS_PER_EXPERT))
+            if _gemv_wide(w13, experts):
+                wide = int(experts * configs.GEMV_WIDE_PAIRS_PER_EXPERT)
+                most = max(most, min(wide, configs.GEMV_WIDE_MAX_PAIRS))
             return num_pairs <= most
         return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
     if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
@@ -94,9 +96,15 @@ def use_gemv(
     return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
 
 
-def _gemv_wide(a: torch.Tensor) -> bool:
-    """Whether ``a``'s CUDA device is one of ``GEMV_WIDE_GPUS``, by name."""
-    name = device_name(a)
+def _gemv_wide(w13: ExpertMatrix, experts: int) -> bool:
+    """Whether ``GEMV_WIDE_PAIRS_PER_EXPERT`` applies to ``w13``.
+
+    At least ``GEMV_WIDE_MIN_EXPERTS`` experts, groups of two words or more (the
+    paired integer GEMV), on a CUDA device named in ``GEMV_WIDE_GPUS``.
+    """
+    if experts < configs.GEMV_WIDE_MIN_EXPERTS or w13.group_size < 16:
+        return False
+    name = device_name(w13.data)
     return any(gpu in name for gpu in configs.GEMV_WIDE_GPUS)
 
 

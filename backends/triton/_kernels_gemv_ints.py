@@ -3,20 +3,22 @@
 """Integer products for the paired decode GEMV (``GemvTiles.int_dot``): ``dp4a``.
 
 ``@triton.jit`` only; ``_kernels_gemv_pairs.py`` calls ``_int_pair_math`` per step in
-place of its float16 chains. Per step the 16 input planes of a pair of words become
-integers on a power-of-two grid, ``v = round(x * 2^(13 - E))`` (``2^E`` at or below the
-step's largest ``|x|``, so ``|v| < 2^14``), split into an unsigned low byte and a
+place of its float16 chains. Per step the 16 inputs of each pair of words (a column
+of the step's pair tile) become integers on a power-of-two grid,
+``v = round(x * 2^(13 - E))`` (``2^E`` at or below the column's largest ``|x|``, so
+``|v| <= 2^14``), split into an unsigned low byte and a
 signed high byte (``v = 256 hi + lo``). A word's codes become signed bytes
 ``16 (q - 8)`` (one shift and two LOP3 a word: a code in a byte's high nibble, its top
 bit flipped), and ``dp4a`` sums four products of bytes into int32: four ``dp4a`` a word
 (low and high bytes, even and odd codes), no zero-point subtraction and no float16
-rounding. A pair's sum ``16 sum_j (q_j - 8) v_j`` is exact in int32 (below ``2^25``);
-converted to float32 once and scaled by ``scale * 2^(E - 17)``. Zero points
-(``HAS_ZP``) add ``16 (8 - z) sum_j v_j``. The only rounding before the float32
-accumulation is that of ``v``: at most ``2^(E - 14)``, 2^-14 of the step's largest
-input (inputs within 2^6 of it, in bf16, are exact). A step whose largest input is
-below ``2^-109`` in size is rounded to that grid (``2^-122``); an inf or NaN input makes
-the step's sums NaN.
+rounding. A pair's sum ``16 sum_j (q_j - 8) v_j`` is exact in int32 (at most ``2^25``
+in size; ``2^26`` with zero points, which add ``16 (8 - z) sum_j v_j``, ``HAS_ZP``);
+converted to float32 once (exact: a multiple of 16 below ``2^28``) and scaled by
+``scale * 2^(E - 17)``. The only rounding before the float32 accumulation is that of
+``v``: at most ``2^(E - 14)``, 2^-14 of the column's largest input (inputs within 2^6
+of it, in bf16, are exact). A column whose largest input is below ``2^-109`` in size
+is rounded to that grid (``2^-122``); an inf or NaN input makes its column's factor
+NaN, so every output that reads it is NaN.
 """
 
 import triton

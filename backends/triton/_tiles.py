@@ -166,9 +166,10 @@ class GemvTiles:
         w2_tiles: tiles of the w2 GEMV (``None``: these). Its ``w2_split`` and
             ``w2_tiles`` are not read (``w2_split`` here is the w2 GEMV's).
         int_dot: the paired kernel's products in integers (``_kernels_gemv_ints.py``):
-            each step's inputs rounded to 15-bit integers on the step's power-of-two
-            grid, codes and inputs multiplied and summed as bytes by ``dp4a``, instead
-            of float16 chains; where ``paired`` applies.
+            each 16 inputs of a pair of words rounded to 15-bit integers on the
+            power-of-two grid of their largest, codes and inputs multiplied and summed
+            as bytes by ``dp4a``, instead of float16 chains; where ``paired`` applies
+            (groups of one word run the one-word kernel's float16 chains).
     """
 
     block_n: int

@@ -293,27 +293,30 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("gpu", "experts", "most"),
+    ("gpu", "experts", "group", "most"),
     [
-        ("NVIDIA H100 80GB HBM3", 128, 96),  # Qwen3 to M = 12: 3/4 a expert
-        ("NVIDIA H100 80GB HBM3", 256, 192),  # DeepSeek-V3 to M = 24
-        ("NVIDIA H100 PCIe", 256, 192),
-        ("NVIDIA H100 80GB HBM3", 64, 32),  # below GEMV_WIDE_MIN_EXPERTS: one per two
-        ("NVIDIA H100 80GB HBM3", 8, 4),  # Mixtral: one per two
-        ("NVIDIA H200", 128, 64),  # not measured there: GEMV_MAX_PAIRS_MMA
-        ("NVIDIA H200", 256, 64),
-        ("NVIDIA A100-SXM4-80GB", 256, 64),
+        ("NVIDIA H100 80GB HBM3", 128, 16, 96),  # Qwen3 to M = 12: 3/4 a expert
+        ("NVIDIA H100 80GB HBM3", 256, 128, 192),  # DeepSeek-V3 to M = 24
+        ("NVIDIA H100 80GB HBM3", 512, 16, 256),  # at most GEMV_WIDE_MAX_PAIRS
+        ("NVIDIA H100 80GB HBM3", 256, 8, 64),  # one word a group: no integer GEMV
+        ("NVIDIA H100 80GB HBM3", 64, 16, 32),  # below GEMV_WIDE_MIN_EXPERTS
+        ("NVIDIA H100 80GB HBM3", 8, 16, 4),  # Mixtral: one per two
+        ("NVIDIA H100 PCIe", 256, 16, 64),  # not measured: GEMV_MAX_PAIRS_MMA
+        ("NVIDIA H200", 128, 16, 64),
+        ("NVIDIA H200", 256, 16, 64),
+        ("NVIDIA A100-SXM4-80GB", 256, 16, 64),
     ],
 )
 def test_gemv_wide_rule_where_the_gluon_gemm_runs(
-    gpu: str, experts: int, most: int, monkeypatch: pytest.MonkeyPatch
+    gpu: str, experts: int, group: int, most: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where the Gluon GEMM runs, the GEMV takes <= 64 pairs at <= one per two
-    experts, and on an H100 with >= 128 experts up to 3/4 pair a expert."""
+    experts; on the H100 measured, with >= 128 experts of groups of >= 16, up to 3/4
+    pair a expert and 256 pairs."""
     monkeypatch.setattr(fused, "mma_runs", lambda w13, w2: True)
     monkeypatch.setattr(fused, "device_name", lambda a: gpu)
     words = ExpertMatrix(
-        data=torch.zeros(experts, 4, 8, dtype=torch.uint8), group_size=16
+        data=torch.zeros(experts, 4, 64, dtype=torch.uint8), group_size=group
     )
     assert use_gemv(most, words, enabled=True)
     assert not use_gemv(most + 1, words, enabled=True)
