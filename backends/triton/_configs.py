@@ -151,8 +151,9 @@ groups of two words or more (where the GEMV runs the paired kernel's integer
 products), ``use_gemv`` takes the GEMV where the Gluon GEMM runs up to this many pairs
 a expert (rounded down), and at most ``GEMV_WIDE_MAX_PAIRS`` (the most measured),
 instead of ``GEMV_MAX_PAIRS_MMA`` at one per two. With integer products the GEMV was
-the faster there in most draws (the second Qwen3-235B one below lost) on an H100 (bench/sweeps/probe_int_dot_set3_h100.log, graph replay, ms, two
-routing draws, GEMV against the table): DeepSeek-V3 M = 12 / 16 / 24 / 32 (96-256
+the faster there in most draws (the second Qwen3-235B one below lost) on an H100
+(bench/sweeps/probe_int_dot_set3_h100.log, graph replay, ms, two routing draws, GEMV
+against the table): DeepSeek-V3 M = 12 / 16 / 24 / 32 (96-256
 pairs) 0.613 / 0.737 / 1.039 / 1.387 against 0.706 / 0.831 / 1.143 / 1.497 (6-13% in
 all eight draws); Qwen3-30B-A3B M = 12 (96 pairs) 0.087 / 0.086 against 0.100 / 0.099,
 Qwen3-235B 0.257 / 0.248 against 0.288 / 0.242; at M = 16 (128 pairs) the 128-expert

@@ -28,7 +28,6 @@ MAGIC: tl.constexpr = tl.constexpr(12582912.0)
 """``1.5 * 2^23``: ``y + MAGIC`` (``|y| < 2^22``) holds ``round(y)`` in the low 22 bits
 of its float bits, two's complement; bytes 0 and 1 are ``v``'s low and high bytes."""
 MAGIC_BITS: tl.constexpr = tl.constexpr(0x4B400000)
-LOW_NIBBLES: tl.constexpr = tl.constexpr(0x0F0F0F0F)
 SIGN_BITS: tl.constexpr = tl.constexpr(-0x7F7F7F80)  # 0x80808080 as int32
 
 _PLANES_ASM = tl.constexpr("""{
@@ -239,7 +238,7 @@ def _int_pair_math(
     xa = _planes(fa0, fa1, fa2, fa3, fa4, fa5, fa6, fa7, ASM)
     xb = _planes(fb0, fb1, fb2, fb3, fb4, fb5, fb6, fb7, ASM)
     sum_v = tl.zeros_like(fa0)
-    if HAS_ZP:  # sum_j v_j of the pair's 16 planes (each below 2^14 in size)
+    if HAS_ZP:  # sum_j v_j of the pair's 16 planes (each at most 2^14 in size)
         sum_v = (
             (_v(fa0) + _v(fa1)) + (_v(fa2) + _v(fa3)) + (_v(fa4) + _v(fa5))
             + (_v(fa6) + _v(fa7)) + (_v(fb0) + _v(fb1)) + (_v(fb2) + _v(fb3))

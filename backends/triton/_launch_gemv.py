@@ -176,8 +176,8 @@ def _launch_words(
 
     Paired where ``tiles.paired`` and groups hold two words or more, by TMA where
     ``tiles.tma``, ``tma_target`` and ``tma_fit`` allow, its products in integers
-    where ``tiles.int_dot`` (the one-word kernel has no integer form). ``common``, ``out_strides``
-    and ``meta`` as ``launch_gemv`` built them.
+    where ``tiles.int_dot`` (the one-word kernel has no integer form). ``common``,
+    ``out_strides`` and ``meta`` as ``launch_gemv`` built them.
     """
     from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
     from backends.triton._kernels_gemv_words import _moe_gemv_words_kernel

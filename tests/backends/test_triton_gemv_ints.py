@@ -1,10 +1,11 @@
 """triton-w4a16's decode GEMV with integer products (``GemvTiles.int_dot``,
 ``_kernels_gemv_ints.py``) in Triton's CPU interpreter.
 
-The interpreter runs the plain-Triton form of the ``dp4a`` math: the same integers as
-the PTX the GPU runs (``test_triton_gemv_cuda.py``'s ``intdot`` kernels check that
-one). One GEMV is checked against float64 within the integer grid's bound, whole
-layers against the oracle.
+The interpreter runs the plain-Triton form of the ``dp4a`` math, meant to give the
+same integers as the PTX the GPU runs (``test_int_dot_ptx_matches_its_plain_triton_form``
+in ``test_triton_gemv_cuda.py`` compares the two on a GPU; written 2026-12-06, not yet
+run there). One GEMV is checked against an exact float64 model of the integer grid and
+against its documented bound, whole layers against the oracle.
 """
 
 import warnings
