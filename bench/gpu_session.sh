@@ -51,6 +51,23 @@ probe_set() {  # set, log name, sizes, seconds, models: $out/probe_mma_set<set><
   PROBE_SET=$set PROBE_M=$sizes timeout "$limit" python bench/probe_mma.py "$@" \
     > "$out/probe_mma_set$set$name.log" 2>&1 || status=1
 }
+job_s=450  # a test job's seconds unless JOB_S says (modes below set their own)
+run() {  # name, then pytest arguments: one test job, its log /tmp/cuda_<name>.log
+  local name=$1; shift
+  timeout "${JOB_S:-$job_s}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
+    || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
+}
+gather() {  # log, then job names: wait for the jobs, their logs into $out/<log>, a summary
+  local log=$1; shift
+  for job in $(jobs -p); do wait "$job" || status=1; done
+  for name in "$@"; do echo "=== $name"; cat "/tmp/cuda_$name.log"; done > "$out/$log"
+  grep -E "passed|failed|error" "$out/$log" | grep -v "^E " | tail -10
+}
+bench_out() {  # seconds: the benchmark, its RESULTS.md, results.json and charts copied to $out
+  timeout "$1" python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
+  tail -3 "$out/bench.log"
+  cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
+}
 if [ "$mode" = "bench-both" ]; then  # first with L2 flushed by a write, kept aside
   BENCH_FLUSH=write timeout 270 python bench/bench_gpu.py > "$out/bench_flush_write.log" 2>&1 || status=1
   cp bench/results.json "$out/results_flush_write.json"
@@ -188,9 +205,7 @@ if [ "$mode" = "probes" ]; then
   exit $status
 fi
 if [ "$mode" = "wide" ]; then  # the benchmark, the rule probe on the wide rule, its tests
-  timeout 250 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
-  tail -3 "$out/bench.log"
-  cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
+  bench_out 250
   PROBE_SET=3 PROBE_M=12,16,24 PROBE_ROUTES=2 timeout 200 python bench/probe_int_dot.py \
     qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 > "$out/probe_int_dot_set3_wide.log" 2>&1 || status=1
   timeout 280 python -m pytest -q -p no:cacheprovider tests/backends/test_triton_gemv_cuda.py \
@@ -199,62 +214,44 @@ if [ "$mode" = "wide" ]; then  # the benchmark, the rule probe on the wide rule,
   exit $status
 fi
 if [ "$mode" = "rule" ]; then  # an H200: the benchmark; else the decode-rule probe and suites
-  quickjob() {  # name, then pytest arguments
-    local name=$1; shift
-    timeout "${JOB_S:-300}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
-      || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
-  }
+  job_s=300
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    timeout 250 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
-    tail -3 "$out/bench.log"
-    cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
+    bench_out 250
     gemv=tests/backends/test_triton_gemv_cuda.py
-    quickjob i1 $gemv -k "intdot and not intdot_few and not magnitude" &
-    quickjob i2 $gemv -k "intdot_few or (intdot and magnitude)" &
-    quickjob i3 tests/backends/test_triton_cuda.py -k "graph or sync" &
-    names="i1 i2 i3"
+    run i1 $gemv -k "intdot and not intdot_few and not magnitude" &
+    run i2 $gemv -k "intdot_few or (intdot and magnitude)" &
+    run i3 tests/backends/test_triton_cuda.py -k "graph or sync" &
+    gather cuda_rule_call.log i1 i2 i3
   else
     PROBE_SET=3 PROBE_M=2,4,8,12,16,24,32 PROBE_ROUTES=2 timeout 330 python bench/probe_int_dot.py \
       > "$out/probe_int_dot_set3.log" 2>&1 || status=1
     tail -3 "$out/probe_int_dot_set3.log"
     cuda=tests/backends/test_triton_cuda.py
-    quickjob c1 $cuda -k "w4a16 and schemes_and_dtypes" &
-    quickjob c2 $cuda -k "w4a16 and not schemes_and_dtypes" &
-    quickjob c3 $cuda -k "not w4a16 and (schemes_and_dtypes or activations)" &
-    quickjob c4 $cuda -k "not w4a16 and not schemes_and_dtypes and not activations" &
-    names="c1 c2 c3 c4"
+    run c1 $cuda -k "w4a16 and schemes_and_dtypes" &
+    run c2 $cuda -k "w4a16 and not schemes_and_dtypes" &
+    run c3 $cuda -k "not w4a16 and (schemes_and_dtypes or activations)" &
+    run c4 $cuda -k "not w4a16 and not schemes_and_dtypes and not activations" &
+    gather cuda_rule_call.log c1 c2 c3 c4
   fi
-  for job in $(jobs -p); do wait "$job" || status=1; done
-  for name in $names; do echo "=== $name"; cat "/tmp/cuda_$name.log"; done > "$out/cuda_rule_call.log"
-  grep -E "passed|failed|error" "$out/cuda_rule_call.log" | grep -v "^E " | tail -6
   exit $status
 fi
 if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/sync tests
-  timeout 200 python bench/bench_gpu.py > "$out/bench.log" 2>&1 || status=1
-  tail -3 "$out/bench.log"
-  cp bench/RESULTS.md bench/results.json bench/*.png "$out/"
-  quickjob() {  # name, then pytest arguments
-    local name=$1; shift
-    timeout "${JOB_S:-330}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
-      || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
-  }
+  bench_out 200
+  job_s=330
   gemv=tests/backends/test_triton_gemv_cuda.py
   lv="not loop_variants"
-  quickjob g1 $gemv -k "bytes and $lv" &
-  quickjob g2 $gemv -k "words and $lv" &
-  quickjob g3 $gemv -k "paired and $lv" &
-  quickjob g4 $gemv -k "pdl and $lv" &
-  quickjob g5 $gemv -k "bulk and $lv" &
-  quickjob g6 $gemv -k "intdot and not intdot_few and $lv" &
-  quickjob g7 $gemv -k "intdot_few and $lv" &
-  quickjob g8 $gemv -k "loop_variants" &
-  quickjob g9 $gemv -k "not (bytes or words or paired or pdl or bulk or intdot) and $lv" &
-  quickjob graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
-  quickjob modules tests/modules/test_int4_moe_cuda.py &
-  for job in $(jobs -p); do wait "$job" || status=1; done
-  for name in g1 g2 g3 g4 g5 g6 g7 g8 g9 graphs modules; do echo "=== $name"; cat "/tmp/cuda_$name.log"; done \
-    > "$out/cuda_intdot_suite.log"
-  grep -E "passed|failed|error" "$out/cuda_intdot_suite.log" | grep -v "^E " | tail -8
+  run g1 $gemv -k "bytes and $lv" &
+  run g2 $gemv -k "words and $lv" &
+  run g3 $gemv -k "paired and $lv" &
+  run g4 $gemv -k "pdl and $lv" &
+  run g5 $gemv -k "bulk and $lv" &
+  run g6 $gemv -k "intdot and not intdot_few and $lv" &
+  run g7 $gemv -k "intdot_few and $lv" &
+  run g8 $gemv -k "loop_variants" &
+  run g9 $gemv -k "not (bytes or words or paired or pdl or bulk or intdot) and $lv" &
+  run graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
+  run modules tests/modules/test_int4_moe_cuda.py &
+  gather cuda_intdot_suite.log g1 g2 g3 g4 g5 g6 g7 g8 g9 graphs modules
   exit $status
 fi
 if [ "$mode" != "tests" ]; then
@@ -262,11 +259,6 @@ if [ "$mode" != "tests" ]; then
   tail -3 "$out/bench.log"
 fi
 [ "$mode" = "bench" ] && exit $status
-run() {  # name, then pytest arguments
-  local name=$1; shift
-  timeout "${JOB_S:-450}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
-    || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
-}
 gemv="not word_tiles and not magnitude and not loop_variants and not bulk"
 run gemv tests/backends/test_triton_gemv_cuda.py -k "$gemv and (bytes or words)" &
 run gemv_pairs tests/backends/test_triton_gemv_cuda.py -k "$gemv and not bytes and not words" &
@@ -278,9 +270,6 @@ run w4a16 tests/backends/test_triton_cuda.py -k w4a16 &
 run rest tests/backends/test_triton_cuda.py -k "not w4a16" &
 run modules tests/modules/test_int4_moe_cuda.py tests/backends/test_triton_route.py &
 run variants tests/backends/test_triton_gemm_variants_cuda.py &
-for job in $(jobs -p); do wait "$job" || status=1; done
-for name in gemv gemv_pairs gemv_loops gemv_words gemv_bulk dequant w4a16 rest modules variants; do
-  echo "=== $name"; cat "/tmp/cuda_$name.log"
-done > "$out/cuda_tests.log"
-grep -E "passed|failed|error" "$out/cuda_tests.log" | grep -v "^E " | tail -10
+gather cuda_tests.log gemv gemv_pairs gemv_loops gemv_words gemv_bulk dequant w4a16 rest \
+  modules variants
 exit $status
