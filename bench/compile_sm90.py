@@ -66,7 +66,6 @@ VARIANTS: list[tuple[str, Kernel, int, bool, int, int | None]] = [
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
     ("paired 8x512 tma 3 int", _moe_gemv_pairs_kernel, 8, False, 1, 3),
     ("paired 16x512 tma 3 int", _moe_gemv_pairs_kernel, 16, False, 1, 3),
-    ("paired 16x512 tma 3 int l2", _moe_gemv_pairs_kernel, 16, False, 1, 3),
 ]
 GROUP = 128
 MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then others measured
@@ -115,21 +114,19 @@ def compile_gemv(
     warps: int,
     tma: int | None = None,
     int_dot: bool = False,
-    l2: bool = False,
 ) -> CompiledKernel:
     """The kernel compiled for sm_90 with 512-column steps.
 
     ``tma``: the paired kernel's TMA reads, pipelined this many stages deep;
-    ``int_dot``: its integer products (``GemvTiles.int_dot``); ``l2``: its L2
-    prefetch before the wait for w13 (``GemvTiles.l2_prefetch``, with ``PDL_WAIT``).
+    ``int_dot``: its integer products (``GemvTiles.int_dot``).
     """
     params = list(inspect.signature(kernel.fn).parameters)
     constants = {
         "A_DIV": 2 if gated else 1, "GROUP": GROUP, "HAS_ZP": False, "GATED": gated,
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
-        "ASM": True, "NG": 4, "PDL_WAIT": l2, "PDL_NEXT": False,
-        "TMA": tma is not None, "INT_DOT": int_dot, "L2_PREFETCH": l2,
+        "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
+        "TMA": tma is not None, "INT_DOT": int_dot,
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
@@ -242,7 +239,7 @@ def main() -> None:
         for gated in (True, False):
             compiled = compile_gemv(
                 kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
-                tma=tma, int_dot=" int" in label, l2=label.endswith(" l2"),
+                tma=tma, int_dot=label.endswith(" int"),
             )  # fmt: skip
             name = f"{label} {'w13 gated' if gated else 'w2'}"
             print(f"{name:30s} {describe(compiled)}", flush=True)

@@ -41,10 +41,6 @@
 # with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
 # test_triton_cuda.py in four jobs; logs in $OUT.
-# "l2": bench/probe_int_dot.py PROBE_SET=4 (the w2 GEMV's L2 prefetch,
-# GemvTiles.l2_prefetch, against the table at M = 1, 4 and 16, two routing draws), then
-# test jobs: the prefetch's bit-for-bit test, the integer GEMV's PTX against its
-# plain-Triton form, the GEMV's model-shape tests (three jobs); logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -237,20 +233,6 @@ if [ "$mode" = "rule" ]; then  # an H200: the benchmark; else the decode-rule pr
     run c4 $cuda -k "not w4a16 and not schemes_and_dtypes and not activations" &
     gather cuda_rule_call.log c1 c2 c3 c4
   fi
-  exit $status
-fi
-if [ "$mode" = "l2" ]; then  # the L2 prefetch probe, then its tests and those left unrun
-  PROBE_SET=4 PROBE_M=1,4,16 PROBE_ROUTES=2 timeout 290 python bench/probe_int_dot.py \
-    > "$out/probe_int_dot_set4.log" 2>&1 || status=1
-  tail -3 "$out/probe_int_dot_set4.log"
-  job_s=270
-  gemv=tests/backends/test_triton_gemv_cuda.py
-  run l2 $gemv -k "l2_prefetch" &
-  run ptx $gemv -k "ptx_matches" &
-  run shapes1 $gemv -k "model_shapes and (bytes or words)" &
-  run shapes2 $gemv -k "model_shapes and (paired or pdl)" &
-  run shapes3 $gemv -k "model_shapes and (bulk or intdot)" &
-  gather cuda_l2_call.log l2 ptx shapes1 shapes2 shapes3
   exit $status
 fi
 if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/sync tests

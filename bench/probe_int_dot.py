@@ -11,9 +11,7 @@ w13 in 16-row tiles; each output is checked against the float32 reference first
 its ``gemv table`` row the float16 one.) ``PROBE_SET=2``: the table (now with
 integer products) against other tiles around it (``tile_variants``); ``PROBE_SET=3``:
 the table (``auto``, before and after) against its GEMV forced (``gemv``), for the
-decode rule (``use_gemv``); ``PROBE_SET=4``: the table against the same tiles with
-the w2 GEMV's L2 prefetch before its wait for w13 (``GemvTiles.l2_prefetch``), each
-twice, alternating; ``PROBE_ROUTES=n``: n routing draws a cell.
+decode rule (``use_gemv``); ``PROBE_ROUTES=n``: n routing draws a cell.
 """
 
 # ruff: noqa: D103
@@ -74,16 +72,6 @@ def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
         return {
             "auto": ("auto", None),
             "gemv": ("gemv", table),
-            "auto again": ("auto", None),
-        }
-    if os.environ.get("PROBE_SET") == "4":  # the w2 GEMV's L2 prefetch
-        w2_l2 = attrs.evolve(table.w2_tiles or table, l2_prefetch=True, w2_tiles=None)
-        return {
-            "auto": ("auto", None),
-            "gemv table": ("gemv", table),
-            "gemv w2 l2": ("gemv", attrs.evolve(table, w2_tiles=w2_l2)),
-            "gemv table again": ("gemv", table),
-            "gemv w2 l2 again": ("gemv", attrs.evolve(table, w2_tiles=w2_l2)),
             "auto again": ("auto", None),
         }
     w2 = attrs.evolve(table.w2_tiles or table, int_dot=False, w2_tiles=None)

@@ -292,37 +292,3 @@ def _moe_gemv16_kernel(
         bias_ptr, p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,
         stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
     )  # fmt: skip
-
-
-@triton.jit
-def _l2_lines(base, rows, row_mask, c0, hi, stride_row, LINES: tl.constexpr):
-    """Pointers into the 128-byte lines ``_prefetch_l2`` asks for from column ``c0``.
-
-    ``[rows, LINES]`` pointers ``base + rows * stride_row + c``, ``c`` running from
-    ``c0`` one line (``128 / element bytes`` columns) apart, the last clamped to
-    ``hi - 1`` and masked past the line that holds it; masked ones point at ``base``.
-    """
-    PER_LINE: tl.constexpr = 1024 // base.dtype.element_ty.primitive_bitwidth
-    cols = c0 + tl.arange(0, LINES) * PER_LINE
-    mask = row_mask[:, None] & (cols < hi + PER_LINE - 1)[None, :]
-    ptrs = base + rows.to(tl.int64)[:, None] * stride_row + tl.minimum(cols, hi - 1)
-    return tl.where(mask, ptrs, base), mask
-
-
-@triton.jit
-def _prefetch_l2(base, rows, row_mask, lo, hi, stride_row, LINES: tl.constexpr):
-    """Asks L2 for columns ``lo .. hi-1`` of rows ``rows`` of ``base`` (a hint).
-
-    PTX ``prefetch.global.L2::evict_last``, one a 128-byte line (``_l2_lines``),
-    ``LINES`` lines a row per instruction batch: nothing is held in registers, and
-    the loads that follow find the lines in L2 if they are still there. Steps one line
-    at a time from ``lo``, so every line the columns touch is asked for, aligned or
-    not. sm_70+ only (the caller's ``ASM``).
-    """
-    PER_LINE: tl.constexpr = 1024 // base.dtype.element_ty.primitive_bitwidth
-    for c0 in range(lo, hi + PER_LINE - 1, LINES * PER_LINE):
-        ptrs, _ = _l2_lines(base, rows, row_mask, c0, hi, stride_row, LINES)
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip

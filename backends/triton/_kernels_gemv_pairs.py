@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from backends.triton._kernels import _grid_dependency
-from backends.triton._kernels_gemv import _gemv_store, _gemv_tile, _prefetch_l2
+from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_ints import _int_pair_math
 from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
@@ -331,7 +331,6 @@ def _moe_gemv_pairs_kernel(
     PDL_NEXT: tl.constexpr,
     TMA: tl.constexpr,
     INT_DOT: tl.constexpr,
-    L2_PREFETCH: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
@@ -346,25 +345,17 @@ def _moe_gemv_pairs_kernel(
     ``LOOP_STAGES`` deep; without it ``w_desc`` is unused (None). ``INT_DOT``
     (``GemvTiles.int_dot``): each step's products in integers instead of float16
     chains (``_int_pair_math``, ``_kernels_gemv_ints.py``: exact sums, inputs on a
-    15-bit grid per column of 16). ``L2_PREFETCH`` (``GemvTiles.l2_prefetch``, with
-    ``PDL_WAIT`` and ``ASM``): the program asks L2 for its weight words, scales and
-    zero points before it waits for the kernel before it.
+    15-bit grid per column of 16).
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
     if e < 0:
         return
+    _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
     offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
         p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
         stride_we, stride_se, A_DIV, BLOCK_N,
     )  # fmt: skip
-    if L2_PREFETCH:  # weights do not depend on the kernel before: asked for first
-        _prefetch_l2(w_e, offs_n, n_mask, k_lo // 8, k_hi // 8, stride_wn, 8)
-        g_hi = (k_hi + GROUP - 1) // GROUP
-        _prefetch_l2(s_e, offs_n, n_mask, k_lo // GROUP, g_hi, stride_sn, 2)
-        if HAS_ZP:
-            _prefetch_l2(z_e, offs_n, n_mask, k_lo // GROUP, g_hi, stride_sn, 2)
-    _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
     row_tma = e * (stride_we // stride_wn) + tl.program_id(1) * BLOCK_N
     acc, acc_up = _paired_loop(
         w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],

@@ -204,11 +204,9 @@ def _launch_words(
     if not paired:
         _moe_gemv_words_kernel[grid](*head, *tail, **launch)
         return
-    prefetch_l2 = tiles.l2_prefetch and pdl and not gated and bool(launch["ASM"])
     _moe_gemv_pairs_kernel[grid](
-        *head, desc, *tail, TMA=tma, INT_DOT=tiles.int_dot, L2_PREFETCH=prefetch_l2,
-        **launch,
-    )  # fmt: skip
+        *head, desc, *tail, TMA=tma, INT_DOT=tiles.int_dot, **launch
+    )
 
 
 def _gemv_meta(

@@ -170,10 +170,6 @@ class GemvTiles:
             power-of-two grid of their largest, codes and inputs multiplied and summed
             as bytes by ``dp4a``, instead of float16 chains; where ``paired`` applies
             (groups of one word run the one-word kernel's float16 chains).
-        l2_prefetch: the paired w2 GEMV, where ``pdl`` applies (sm_90+), asks L2 for
-            its program's weight words, scales and zero points (PTX ``prefetch``,
-            ``_prefetch_l2``) before it waits for w13, so the read of w2's weights
-            can start while w13 still runs; a hint, the result is the same.
     """
 
     block_n: int
@@ -190,7 +186,6 @@ class GemvTiles:
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
     int_dot: bool = False
-    l2_prefetch: bool = False
 
 
 @attrs.frozen(kw_only=True)
