@@ -41,9 +41,6 @@
 # with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
 # test_triton_cuda.py in four jobs; logs in $OUT.
-# "overlap": bench/probe_dequant_overlap.py (the dequant path's chunks on a side stream
-# against serial chunks) at M = 1024 and 4096 of the three models that take that path,
-# then the dequant CUDA tests in three jobs; logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -236,17 +233,6 @@ if [ "$mode" = "rule" ]; then  # an H200: the benchmark; else the decode-rule pr
     run c4 $cuda -k "not w4a16 and not schemes_and_dtypes and not activations" &
     gather cuda_rule_call.log c1 c2 c3 c4
   fi
-  exit $status
-fi
-if [ "$mode" = "overlap" ]; then  # the overlapped dequant chunks: probe, then tests
-  timeout 300 python bench/probe_dequant_overlap.py mixtral-8x7b qwen3-30b-a3b \
-    qwen3-235b-a22b > "$out/probe_dequant_overlap.log" 2>&1 || status=1
-  tail -3 "$out/probe_dequant_overlap.log"
-  job_s=250
-  run chunks tests/backends/test_triton_dequant_chunks.py &
-  run kernel tests/backends/test_triton_dequant_cuda.py -k "kernel_is_exact" &
-  run layers tests/backends/test_triton_dequant_cuda.py -k "not kernel_is_exact" &
-  gather cuda_overlap_call.log chunks kernel layers
   exit $status
 fi
 if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/sync tests

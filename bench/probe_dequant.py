@@ -32,8 +32,7 @@ from bench_gpu import MODELS, copy_bandwidth, int4_layer, route
 
 import backends.triton._configs as configs
 import backends.triton._fused as fused
-from backends.triton._dequant_chunks import dequant_scratch
-from backends.triton._fused import fused_moe
+from backends.triton._fused import _dequant_scratch, fused_moe
 from backends.triton._launch_dequant import dequantize_experts
 
 Variant = tuple[int, int, int, bool]  # rows, columns, warps, int32 words
@@ -73,7 +72,7 @@ def kernel_alone(bw: float) -> dict[Variant, list[float]]:
     rates: dict[Variant, list[float]] = {v: [] for v in VARIANTS}
     for name in ("qwen3-235b-a22b", "mixtral-8x7b", "qwen3-30b-a3b"):
         _, _, w13, w2 = int4_layer(name)
-        (scratch,), step = dequant_scratch(w13, w2, torch.bfloat16, w13.data.device)
+        scratch, step = _dequant_scratch(w13, w2, torch.bfloat16, w13.data.device)
         for label, b in (("w13", w13), ("w2", w2)):
             rows, cols = int(b.data.shape[1]), 2 * int(b.data.shape[2])
             out = scratch[: step * rows * cols].view(step, rows, cols)

@@ -175,14 +175,7 @@ registers (which repeats the work for every row block). M = 4096: Mixtral 6.9 vs
 the in-register GEMM still won (2.6 vs 3.9 ms), and at 128 (DeepSeek-V3, M = 4096) the
 two tied (20.8 vs 20.0 ms)."""
 DEQUANT_SCRATCH_BYTES: Final = 1 << 30
-"""Bound of that path's 16-bit scratch buffers together; each always holds at least one
-expert."""
-DEQUANT_OVERLAP: Final = True
-"""On CUDA, the dequant path dequantizes the next chunk on a side stream into a second
-buffer while the GEMM of this one runs (``_dequant_chunks.py``); chunks are then half
-as large."""
-DEQUANT_STREAM_PRIORITY: Final = 0
-"""Priority of that side stream (CUDA: lower is higher; 0 the default)."""
+"""Bound of that path's 16-bit scratch buffer; it always holds at least one expert."""
 DEQUANT_BLOCK_R: Final = 64
 DEQUANT_BLOCK_K: Final = 128
 DEQUANT_WARPS: Final = 4

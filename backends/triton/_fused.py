@@ -35,7 +35,6 @@ import torch
 import backends.triton._configs as configs
 from backends.triton._align import align_pairs_to_blocks
 from backends.triton._configs import choose_tiles
-from backends.triton._dequant_chunks import run_dequant_chunks
 from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
@@ -48,6 +47,7 @@ from backends.triton._launch import (
     permuted_width,
     wgmma_target,
 )
+from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._launch_gemv import launch_gemv
 from backends.triton._launch_reduce import launch_activate, reduce_topk
 from backends.triton._tiles import GemvTiles, MoETiles
@@ -230,6 +230,19 @@ def _gemv_moe(
     )
 
 
+def _dequant_scratch(
+    w13: ExpertMatrix, w2: ExpertMatrix, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, int]:
+    """The ``dequant`` path's scratch and experts per chunk (<= DEQUANT_SCRATCH_BYTES).
+
+    One expert's larger matrix has ``2 * numel`` 16-bit values (two codes a byte).
+    """
+    per_expert = 2 * max(int(w13.data[0].numel()), int(w2.data[0].numel()))
+    fits = configs.DEQUANT_SCRATCH_BYTES // (2 * per_expert)
+    step = max(1, min(int(w13.data.shape[0]), fits))
+    return torch.empty(step * per_expert, dtype=dtype, device=device), step
+
+
 def _gemm_moe(
     x_TD: torch.Tensor,
     w13: ExpertMatrix,
@@ -260,8 +273,12 @@ def _gemm_moe(
     part13 = None
     if split13 > 1:  # w13's K-split partials, summed and activated by launch_activate
         part13 = torch.empty(split13, num_pairs, 2 * f, device=x_TD.device)
-
-    def run13(b13: ExpertMatrix, lo: int, hi: int) -> None:
+    scratch, step = None, num_experts
+    if dequant:
+        scratch, step = _dequant_scratch(w13, w2, dtype, x_TD.device)
+    for lo in range(0, num_experts, step):
+        hi = min(lo + step, num_experts)
+        b13 = w13 if scratch is None else _dequantized(w13, lo, hi, scratch)
         launch_gemm(
             a_TD, b13, inter_NF if part13 is None else part13, align, tiles.w13, n=f,
             routing=routing, config=config, gated=True, experts=(lo, hi),
@@ -271,20 +288,23 @@ def _gemm_moe(
             launch_activate(
                 part13, routing, config, inter_NF, experts=(lo, hi), pdl=pdl
             )
-
-    def run2(b2: ExpertMatrix, lo: int, hi: int) -> None:
+        b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
         launch_gemm(
             inter_NF, b2, part_SND, align, tiles.w2, n=d, routing=routing,
             config=config, gated=False, experts=(lo, hi), pdl=pdl,
         )  # fmt: skip
-
-    if dequant:
-        run_dequant_chunks(w13, w2, (run13, run2), dtype=dtype, device=x_TD.device)
-    else:
-        run13(w13, 0, num_experts)
-        run2(w2, 0, num_experts)
     weighted = not config.apply_router_weight_on_input
     return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=pdl)
+
+
+def _dequantized(
+    b: ExpertMatrix, lo: int, hi: int, scratch: torch.Tensor
+) -> ExpertMatrix:
+    """Experts ``lo .. hi-1`` of ``b`` dequantized into the front of ``scratch``."""
+    rows, cols = int(b.data.shape[1]), 2 * int(b.data.shape[2])
+    out = scratch[: (hi - lo) * rows * cols].view(hi - lo, rows, cols)
+    dequantize_experts(b, lo, hi, out)
+    return ExpertMatrix(data=out, bias=b.bias)  # bias rows are indexed by global expert
 
 
 def fused_moe(

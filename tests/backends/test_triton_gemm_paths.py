@@ -23,7 +23,7 @@ from backends.triton import (
     TritonW4A16Backend,
     TritonW4A16Prepared,
 )
-from backends.triton._fused import Path, fused_moe
+from backends.triton._fused import Path, _dequant_scratch, fused_moe
 from backends.triton._launch import ExpertMatrix, ptx_target
 from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._tiles import GemmTiles, MoETiles
@@ -446,3 +446,22 @@ def test_dequant_kernel_reads_words_only_where_they_fit(
     dequantize_experts(w2, 0, 1, out)
     want = dequantize_expert(weights, 0, dtype=torch.float32)[1]
     torch.testing.assert_close(out[0], want, rtol=0.0, atol=0.0)
+
+
+def test_dequant_scratch_stays_within_its_byte_bound(
+    generator: torch.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DEQUANT_SCRATCH_BYTES`` bounds the 16-bit scratch in bytes: room for two
+    experts' larger matrix gives chunks of two experts, and no more bytes."""
+    weights = weights_for(SCHEMES[0], torch.bfloat16, generator)
+    prepared = TritonW4A16Backend().prepare(
+        weights, tiny_config(), dtype=torch.bfloat16
+    )
+    per_expert = 2 * max(prepared.w13.data[0].numel(), prepared.w2.data[0].numel())
+    bound = 2 * per_expert * 2 + 100  # two experts of 16-bit values, in bytes
+    monkeypatch.setattr(configs, "DEQUANT_SCRATCH_BYTES", bound)
+    scratch, step = _dequant_scratch(
+        prepared.w13, prepared.w2, torch.bfloat16, torch.device("cpu")
+    )
+    assert step == 2
+    assert scratch.numel() * scratch.element_size() <= bound
