@@ -41,10 +41,6 @@
 # with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
 # test_triton_cuda.py in four jobs; logs in $OUT.
-# "handoff": bench/probe_int_dot.py PROBE_SET=5 (both GEMVs in one launch,
-# GemvTiles.handoff, against two at M = 1, 4 and 16, two routing draws), then its CUDA
-# tests (bit for bit against two launches, no host sync) and the GEMV's scheme tests;
-# logs in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -237,18 +233,6 @@ if [ "$mode" = "rule" ]; then  # an H200: the benchmark; else the decode-rule pr
     run c4 $cuda -k "not w4a16 and not schemes_and_dtypes and not activations" &
     gather cuda_rule_call.log c1 c2 c3 c4
   fi
-  exit $status
-fi
-if [ "$mode" = "handoff" ]; then  # one launch for both GEMVs: probe, then tests
-  PROBE_SET=5 PROBE_M=1,4,16 PROBE_ROUTES=2 timeout 240 python bench/probe_int_dot.py \
-    > "$out/probe_int_dot_set5.log" 2>&1 || status=1
-  tail -3 "$out/probe_int_dot_set5.log"
-  job_s=280
-  gemv=tests/backends/test_triton_gemv_cuda.py
-  run one1 $gemv -k "one_launch and intdot and not intdot_few" &
-  run one2 $gemv -k "one_launch and not (intdot and not intdot_few)" &
-  run schemes $gemv -k "gemv_schemes and intdot and not intdot_few" &
-  gather cuda_handoff_call.log one1 one2 schemes
   exit $status
 fi
 if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/sync tests

@@ -11,9 +11,7 @@ w13 in 16-row tiles; each output is checked against the float32 reference first
 its ``gemv table`` row the float16 one.) ``PROBE_SET=2``: the table (now with
 integer products) against other tiles around it (``tile_variants``); ``PROBE_SET=3``:
 the table (``auto``, before and after) against its GEMV forced (``gemv``), for the
-decode rule (``use_gemv``); ``PROBE_SET=5``: the table's GEMV tiles in two launches
-against the same tiles in one (``GemvTiles.handoff``), each twice, alternating;
-``PROBE_ROUTES=n``: n routing draws a cell.
+decode rule (``use_gemv``); ``PROBE_ROUTES=n``: n routing draws a cell.
 """
 
 # ruff: noqa: D103
@@ -74,16 +72,6 @@ def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
         return {
             "auto": ("auto", None),
             "gemv": ("gemv", table),
-            "auto again": ("auto", None),
-        }
-    if os.environ.get("PROBE_SET") == "5":  # one launch for both GEMVs
-        one = attrs.evolve(table, handoff=True)
-        return {
-            "auto": ("auto", None),
-            "gemv two launches": ("gemv", table),
-            "gemv one launch": ("gemv", one),
-            "gemv two again": ("gemv", table),
-            "gemv one again": ("gemv", one),
             "auto again": ("auto", None),
         }
     w2 = attrs.evolve(table.w2_tiles or table, int_dot=False, w2_tiles=None)

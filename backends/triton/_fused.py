@@ -49,11 +49,6 @@ from backends.triton._launch import (
 )
 from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._launch_gemv import launch_gemv
-from backends.triton._launch_gemv_handoff import (
-    handoff_fits,
-    handoff_rows,
-    launch_gemv_handoff,
-)
 from backends.triton._launch_reduce import launch_activate, reduce_topk
 from backends.triton._tiles import GemvTiles, MoETiles
 from core.config import MoEConfig
@@ -216,26 +211,19 @@ def _gemv_moe(
     f = int(w13.data.shape[1]) // 2
     chosen = tiles if tiles is not None else pick_gemv_tiles(num_pairs, w13)
     dtype = buffer_dtype(x_TD.dtype)
+    inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
+    launch_gemv(
+        x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
+        tiles=chosen,
+    )  # fmt: skip
     tiles2 = chosen.w2_tiles or chosen
     split = gemv_w2_split(chosen, num_pairs, d, f)
     part_dtype = torch.float32 if split > 1 else dtype
     part_SND = torch.empty(split, num_pairs, d, dtype=part_dtype, device=x_TD.device)
-    if handoff_fits(w13, w2, chosen):  # one launch, w2 after w13 pair by pair
-        inter_NF = handoff_rows(num_pairs, f, x_TD.new_empty(0, dtype=dtype))
-        launch_gemv_handoff(
-            x_TD, w13, w2, (inter_NF, part_SND), routing=routing, config=config,
-            tiles=chosen,
-        )  # fmt: skip
-    else:
-        inter_NF = torch.empty(num_pairs, f, dtype=dtype, device=x_TD.device)
-        launch_gemv(
-            x_TD, w13, inter_NF, n=f, routing=routing, config=config, gated=True,
-            tiles=chosen,
-        )  # fmt: skip
-        launch_gemv(
-            inter_NF, w2, part_SND, n=d, routing=routing, config=config, gated=False,
-            tiles=tiles2, split=split,
-        )  # fmt: skip
+    launch_gemv(
+        inter_NF, w2, part_SND, n=d, routing=routing, config=config, gated=False,
+        tiles=tiles2, split=split,
+    )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
     return reduce_topk(
         part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=tiles2.pdl

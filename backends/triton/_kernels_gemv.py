@@ -176,26 +176,14 @@ def _gemv_tile(
     p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am, stride_we,
     stride_se, A_DIV: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """``_gemv_tile_at`` for the program's own column tile and K split (its ids 1, 2)."""
-    return _gemv_tile_at(
-        p, e, tl.program_id(1), tl.program_id(2), a_ptr, w_ptr, scale_ptr, zero_ptr, N,
-        K, k_per_split, stride_am, stride_we, stride_se, A_DIV, BLOCK_N,
-    )  # fmt: skip
+    """A GEMV program's rows, K range, and its pair's input and expert's bases.
 
-
-@triton.jit
-def _gemv_tile_at(
-    p, e, rb, pid_s, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
-    stride_we, stride_se, A_DIV: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """A GEMV tile's rows, K range, and its pair's input and expert's bases.
-
-    Returns the output rows of column tile ``rb`` and their mask, the K range of split
-    ``pid_s``, and pointers to pair ``p``'s input row and to expert ``e``'s weights,
-    scales and zero points.
+    Returns the output rows of ``program_id(1)`` and their mask, the K range of split
+    ``program_id(2)``, and pointers to pair ``p``'s input row and to expert ``e``'s
+    weights, scales and zero points.
     """
-    offs_n = rb * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_lo = pid_s * k_per_split
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = tl.program_id(2) * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     x_ptr = a_ptr + (p // A_DIV).to(tl.int64) * stride_am
     w_e = w_ptr + e.to(tl.int64) * stride_we

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from backends.triton._kernels import _grid_dependency
-from backends.triton._kernels_gemv import _gemv_store, _gemv_tile_at
+from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_ints import _int_pair_math
 from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
@@ -352,35 +352,11 @@ def _moe_gemv_pairs_kernel(
     if e < 0:
         return
     _grid_dependency(PDL_WAIT, PDL_NEXT)  # GemvTiles.pdl: ids come from before w13
-    _pairs_tile(
-        p, e, tl.program_id(1), tl.program_id(2), a_ptr, w_ptr, scale_ptr, zero_ptr,
-        c_ptr, topk_weights_ptr, bias_ptr, w_desc, N, K, k_per_split, alpha, limit,
-        stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_cs, stride_cm,
-        stride_bias, A_DIV, GROUP, HAS_ZP, GATED, ACT, WEIGHT_ROWS, HAS_BIAS, BLOCK_N,
-        BLOCK_K, EVEN, PREFETCH, LOOP_STAGES, ASM, TMA, INT_DOT,
+    offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile(
+        p, e, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split, stride_am,
+        stride_we, stride_se, A_DIV, BLOCK_N,
     )  # fmt: skip
-
-
-@triton.jit
-def _pairs_tile(
-    p, e, rb, pid_s, a_ptr, w_ptr, scale_ptr, zero_ptr, c_ptr, topk_weights_ptr,
-    bias_ptr, w_desc, N, K, k_per_split, alpha, limit, stride_am, stride_we, stride_wn,
-    stride_se, stride_sn, stride_cs, stride_cm, stride_bias,
-    A_DIV: tl.constexpr, GROUP: tl.constexpr, HAS_ZP: tl.constexpr,
-    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_ROWS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    ASM: tl.constexpr, TMA: tl.constexpr, INT_DOT: tl.constexpr,
-):  # fmt: skip
-    """One program's work of ``_moe_gemv_pairs_kernel``.
-
-    Pair ``p`` (on expert ``e >= 0``), column tile ``rb``, K split ``pid_s``.
-    """
-    offs_n, n_mask, k_lo, k_hi, x_ptr, w_e, s_e, z_e = _gemv_tile_at(
-        p, e, rb, pid_s, a_ptr, w_ptr, scale_ptr, zero_ptr, N, K, k_per_split,
-        stride_am, stride_we, stride_se, A_DIV, BLOCK_N,
-    )  # fmt: skip
-    row_tma = e * (stride_we // stride_wn) + rb * BLOCK_N
+    row_tma = e * (stride_we // stride_wn) + tl.program_id(1) * BLOCK_N
     acc, acc_up = _paired_loop(
         w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],
         (offs_n + N).to(tl.int64)[:, None], n_mask, k_lo, k_hi, stride_wn, stride_sn,
@@ -389,6 +365,6 @@ def _pairs_tile(
     )  # fmt: skip
     _gemv_store(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr, bias_ptr,
-        p, e, pid_s, offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,
+        p, e, tl.program_id(2), offs_n, n_mask, N, alpha, limit, stride_cs, stride_cm,
         stride_bias, GATED, ACT, WEIGHT_ROWS, HAS_BIAS,
     )  # fmt: skip

@@ -170,11 +170,6 @@ class GemvTiles:
             power-of-two grid of their largest, codes and inputs multiplied and summed
             as bytes by ``dp4a``, instead of float16 chains; where ``paired`` applies
             (groups of one word run the one-word kernel's float16 chains).
-        handoff: both GEMVs in one launch (``_kernels_gemv_handoff.py``): programs
-            take w13 jobs, then w2 jobs, in the order they start, and a pair's w2 jobs
-            wait for its w13 jobs through counters instead of a second launch; where
-            ``handoff_fits`` (the paired kernel on both, the same warps), else two
-            launches. ``pdl`` then lets the top-k sum start early.
     """
 
     block_n: int
@@ -191,7 +186,6 @@ class GemvTiles:
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
     int_dot: bool = False
-    handoff: bool = False
 
 
 @attrs.frozen(kw_only=True)

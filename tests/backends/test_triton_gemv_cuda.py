@@ -21,7 +21,6 @@ from tests.backends.triton_cuda_cases import (
     check_graph_replays,
     gpu_routing,
     int4_weights,
-    run_without_host_sync,
 )
 
 pytestmark = pytest.mark.cuda
@@ -367,51 +366,6 @@ def test_bulk_copy_reads_equal_plain_loads(
     assert_same_outputs(
         size, scheme, KERNELS["bulk"], plain, seed=8, forwards=5, drop=True
     )
-
-
-@pytest.mark.parametrize(
-    "size",
-    [
-        (8, 2, 4096, 14336, 1),
-        (128, 8, 4096, 1536, 1),
-        (256, 8, 7168, 2048, 16),
-        (64, 4, 1152, 768, 3),
-    ],
-    ids=["mixtral-w2-split", "qwen3-235b", "deepseek-v3-m16", "k-tails"],
-)
-@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
-@pytest.mark.parametrize("kernel", ["intdot", "intdot_few", "bulk"])
-def test_one_launch_equals_two(
-    size: tuple[int, int, int, int, int], scheme: Int4Scheme, kernel: str
-) -> None:
-    """Both GEMVs in one launch (``GemvTiles.handoff``: w2 jobs wait on counters that
-    their pair's w13 jobs bump) must give, bit for bit, what the two launches give on
-    the same tiles, eagerly and replayed, over fresh inputs: a w2 job that read its
-    pair's intermediate before every w13 job had written it would differ now and
-    then. Mixtral's split w2, Qwen3-235B at one token (1536 w13 jobs at once),
-    DeepSeek-V3 at 16 (128 pairs), K tails; an expert held elsewhere."""
-    tiles = KERNELS[kernel]
-    assert_same_outputs(
-        size, scheme, attrs.evolve(tiles, handoff=True), tiles, seed=10,
-        forwards=8, drop=True,
-    )  # fmt: skip
-
-
-def test_one_launch_makes_no_host_sync() -> None:
-    config = MoEConfig(num_experts=64, top_k=8, hidden_size=1024, intermediate_size=512)
-    weights = int4_weights(
-        config, SCHEMES[2], torch.bfloat16, torch.Generator().manual_seed(12)
-    )
-    prepared = TritonW4A16Backend().prepare(weights, config, dtype=torch.bfloat16)
-    hidden_TD = torch.randn(2, 1024, device="cuda").to(torch.bfloat16)
-    routing = gpu_routing(config, 2)
-    one = attrs.evolve(KERNELS["intdot"], handoff=True)
-    run_without_host_sync(
-        lambda: fused_moe(
-            hidden_TD, prepared.w13, prepared.w2, routing, config, path="gemv",
-            gemv_tiles=one,
-        )
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("inputs", ["1", "1e-35", "1e30", "outlier", "inf"])
