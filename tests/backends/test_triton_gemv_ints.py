@@ -4,8 +4,9 @@
 The interpreter runs the plain-Triton form of the ``dp4a`` math, meant to give the
 same integers as the PTX the GPU runs (``test_int_dot_ptx_matches_its_plain_triton_form``
 in ``test_triton_gemv_cuda.py`` compares the two on a GPU; 20 passed on an H100,
-bench/sweeps/cuda_l2_call_h100.log). One GEMV is checked against an exact float64 model of the integer grid and
-against its documented bound, whole layers against the oracle.
+bench/sweeps/cuda_l2_call_h100.log). One GEMV is checked against an exact float64
+model of the integer grid and against its documented bound, whole layers against the
+oracle.
 """
 
 import warnings
