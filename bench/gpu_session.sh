@@ -41,6 +41,10 @@
 # with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
 # test_triton_cuda.py in four jobs; logs in $OUT.
+# "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
+# results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
+# of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
+# (gzipped), its details page and its SASS source page (CSV, gzipped) in $OUT.
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
@@ -252,6 +256,23 @@ if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/
   run graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
   run modules tests/modules/test_int4_moe_cuda.py &
   gather cuda_intdot_suite.log g1 g2 g3 g4 g5 g6 g7 g8 g9 graphs modules
+  exit $status
+fi
+if [ "$mode" = "profile" ]; then  # an H200: the benchmark first; then Nsight Compute
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    timeout 330 python bench/bench_gpu.py > bench/bench.log 2>&1 || status=1
+    tail -3 bench/bench.log
+    tar cf "$out/bench.tar" bench/bench.log bench/RESULTS.md bench/results.json bench/*.png
+  fi
+  rep="$out/profile"
+  NCU_CELLS="${NCU_CELLS:-mixtral-8x7b:64,qwen3-235b-a22b:1}" timeout 220 ncu \
+    --clock-control none --profile-from-start off --set full -f -o "$rep" \
+    python bench/probe_mma.py ncu > "$out/ncu_run.log" 2>&1 || status=1
+  tail -3 "$out/ncu_run.log"
+  ncu -i "$rep.ncu-rep" > "$out/ncu_details.txt" 2>&1 || status=1
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$out/ncu_sass.csv.gz"
+  gzip "$rep.ncu-rep"
+  ls -la "$out"
   exit $status
 fi
 if [ "$mode" != "tests" ]; then

@@ -48,7 +48,8 @@ checked against the float32 reference first; ms and multiples of the floor.
 forward and a cProfile of it, the table's tiles against the Triton word GEMM
 (``host16``: at M = 16, triton-w4a16 as the table runs it against triton-emulation).
 ``ncu --profile-from-start off ... python bench/probe_mma.py ncu``: one forward of each
-``NCU_CELLS`` cell inside ``torch.cuda.profiler`` start / stop, for Nsight Compute.
+``NCU_CELLS`` cell (the environment's ``model:M,model:M`` if set) inside
+``torch.cuda.profiler`` start / stop, for Nsight Compute.
 
 The logs in bench/sweeps/probe_mma*_h200.log were written as the kernel and the table
 evolved: in probe_mma1 and probe_mma2 the table's decode row was still the Triton word
@@ -151,8 +152,17 @@ NCU_CELLS = (("deepseek-v3", 64), ("mixtral-8x7b", 16), ("mixtral-8x7b", 64),
 """Model and M of the forwards ``ncu`` mode profiles (the table's path and tiles)."""
 
 
+def _ncu_cells() -> tuple[tuple[str, int], ...]:
+    """``NCU_CELLS`` as ``model:M,model:M`` from the environment, else the default."""
+    given = os.environ.get("NCU_CELLS")
+    if not given:
+        return NCU_CELLS
+    cells = [item.split(":") for item in given.split(",")]
+    return tuple((name, int(m)) for name, m in cells)
+
+
 def ncu() -> None:
-    for name, m in NCU_CELLS:
+    for name, m in _ncu_cells():
         e, k, d, _ = MODELS[name]
         cfg, q, w13, w2 = int4_layer(name)
         x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
