@@ -240,7 +240,8 @@ WGMMA = GemmTiles(
 (it takes 64 x 128 on 4 warps in 32-row blocks, reached through the model cases):
 compiled through explicit tiles, in 32-row blocks of 8 warps with a w2 split,
 64-row ones on 4 warps, and 32-row ones on 4 warps with the words through a cp.async
-ring (3 stages of one step for w13, 2 of 2-step groups for w2)."""
+ring (3 stages of one step for w13, 2 of 2-step groups for w2); then the input through
+the ring too (``x_shared``: both GEMMs; w2 alone after an ``mma.sync`` w13)."""
 WGMMA_TILES = (
     MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2), pdl=True),
     MoETiles(
@@ -255,6 +256,23 @@ WGMMA_TILES = (
             WGMMA, block_n=64, num_warps=4, num_stages=2, copy_steps=2, split_k=2
         ),
         pdl=True,
+    ),
+    MoETiles(  # the input through the ring in logical K order (x_shared), both GEMMs
+        block_m=32,
+        w13=attrs.evolve(
+            WGMMA, block_n=64, num_warps=4, num_stages=3, copy_steps=2, x_shared=True
+        ),
+        w2=attrs.evolve(
+            WGMMA, block_n=64, num_warps=4, num_stages=3, copy_steps=2, x_shared=True
+        ),
+        pdl=True,
+    ),
+    MoETiles(  # w2 alone, one-step groups, w13 on mma.sync writing it so
+        block_m=16,
+        w13=attrs.evolve(WGMMA, num_warps=4, num_stages=2, wgmma=False),
+        w2=attrs.evolve(
+            WGMMA, block_n=64, num_warps=4, num_stages=2, x_shared=True, split_k=2
+        ),
     ),
 )
 REGISTERS = GemmTiles(
@@ -297,6 +315,8 @@ CASES = (
     # the warpgroup kernel's async form: ringless tiles only (WGMMA_ASYNC)
     Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[0], overlap=True),
     Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[2]),  # its words' ring
+    Case(8, 2, 4096, 14336, (64,), tiles=WGMMA_TILES[3]),  # and the input's
+    Case(16, 1, 512, 256, (300,), asym=True, dtype=torch.float16, tiles=WGMMA_TILES[4]),
 )
 QUICK = tuple(CASES[i] for i in (1, 3, 4, 6, 8, 10, 12))  # every kernel, fewer forms
 ROUTES = (  # route_topk_fused: Mixtral, Qwen3, DeepSeek-V3, Qwen3-Next, the most

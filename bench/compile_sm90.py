@@ -1,6 +1,6 @@
 """Offline sm_90 compile of the decode kernels: registers and SASS, no GPU needed.
 
-``python bench/compile_sm90.py [mma | wgmma]`` compiles ``_moe_gemv_kernel`` (bytes),
+``python bench/compile_sm90.py [mma | wgmma [x]]`` compiles ``_moe_gemv_kernel`` (bytes),
 ``_moe_gemv_words_kernel`` and ``_moe_gemv_pairs_kernel`` with Triton's own compiler
 for an H100/H200 target (``GPUTarget("cuda", 90, 32)``; Triton's wheel bundles
 ``ptxas``, ``cuobjdump`` and ``nvdisasm``), with the meta-parameters of a Mixtral-8x7B
@@ -9,7 +9,8 @@ launch (symmetric group 128, bf16 activations, every size and stride divisible b
 (``GemvTiles.tma``); with ``mma`` instead the Gluon decode GEMM ``_moe_gemm_mma_kernel``
 (128 x 128 tiles, 4 warps, at the row blocks and stages of ``MMA_VARIANTS``); with
 ``wgmma`` the warpgroup kernel ``_moe_gemm_wgmma_kernel`` (64 x 128 tiles, 4 warps,
-each MMA waited for, at ``WGMMA_VARIANTS``). It prints
+each MMA waited for, at ``WGMMA_VARIANTS``; ``wgmma x``: its rings with the input
+through them, ``GemmTiles.x_shared``). It prints
 per variant the registers and stack bytes (spills) a
 thread, the shared memory, the SASS instructions of the K loop's body and its most frequent
 opcodes (the loop: the longest conditional backward branch; TMA waits spin in
@@ -155,7 +156,7 @@ def compile_mma(
     """The Gluon decode GEMM compiled for sm_90: 128 x 128 tiles, 4 warps, K % 32 == 0.
 
     ``wgmma``: the warpgroup kernel instead, 64 x 128 tiles on 4 warps (the table's),
-    each MMA waited for (no ``x_shared`` there).
+    each MMA waited for; ``x_shared`` there: the input through the ring (``X_RING``).
     """
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -168,7 +169,9 @@ def compile_mma(
         "POST_SCALE": group >= 128, "WARPS": 4, "STAGES": stages,
         "COPY_STEPS": copy_steps, "K32": True, "PDL": pdl,
     }  # fmt: skip
-    constants |= {"ASYNC": False} if wgmma else {"X_SHARED": x_shared}
+    constants["LOGICAL_OUT"] = False
+    wg = {"ASYNC": False, "X_RING": x_shared}
+    constants |= wg if wgmma else {"X_SHARED": x_shared}
     signature, attrs = _signature(params, constants, MMA_POINTERS)
     source = GluonASTSource(kernel, signature, constants, attrs)
     return triton.compile(
@@ -223,15 +226,18 @@ def main() -> None:
     """One line per variant and projection."""
     if sys.argv[1:2] in (["mma"], ["wgmma"]):
         wgmma = sys.argv[1] == "wgmma"
+        x_ring = wgmma and sys.argv[2:3] == ["x"]  # wgmma x: the input's ring
         for block_m, stages, group, copy in WGMMA_VARIANTS if wgmma else MMA_VARIANTS:
+            if x_ring and stages == 1:
+                continue
             for gated in (True, False):
                 compiled = compile_mma(
                     gated=gated, block_m=block_m, stages=stages, group=group,
-                    copy_steps=copy, wgmma=wgmma,
+                    copy_steps=copy, wgmma=wgmma, x_shared=x_ring,
                 )  # fmt: skip
                 name = (
-                    f"{sys.argv[1]} bm{block_m} st{stages}x{copy} g{group} "
-                    f"{'w13 gated' if gated else 'w2'}"
+                    f"{sys.argv[1]}{' x' if x_ring else ''} bm{block_m} "
+                    f"st{stages}x{copy} g{group} {'w13 gated' if gated else 'w2'}"
                 )
                 print(f"{name:30s} {describe(compiled)}", flush=True)
         return

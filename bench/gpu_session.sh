@@ -41,6 +41,8 @@
 # with the graph / sync ones; elsewhere bench/probe_int_dot.py PROBE_SET=3 (the decode
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
 # test_triton_cuda.py in four jobs; logs in $OUT.
+# "xring": the warpgroup kernel's input through its ring in logical K order
+# (GemmTiles.x_shared): its CUDA tests, then probe_mma.py PROBE_SET 25, logs in $OUT.
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -256,6 +258,18 @@ if [ "$mode" = "intdot" ]; then  # the benchmark, then the GEMV suite and graph/
   run graphs tests/backends/test_triton_cuda.py -k "graph or sync" &
   run modules tests/modules/test_int4_moe_cuda.py &
   gather cuda_intdot_suite.log g1 g2 g3 g4 g5 g6 g7 g8 g9 graphs modules
+  exit $status
+fi
+if [ "$mode" = "xring" ]; then  # the warpgroup kernel's input ring: tests, PROBE_SET 25
+  timeout 230 python -m pytest -q -p no:cacheprovider -x \
+    tests/backends/test_triton_wgmma_ring_cuda.py > "$out/xring_tests.log" 2>&1 || status=1
+  tail -n 3 "$out/xring_tests.log"
+  probe() { probe_set 25 "$@"; }  # log name, sizes, seconds, models
+  PROBE_ROUTES=2 probe a 36,64 110 mixtral-8x7b
+  probe b 128,256 60 mixtral-8x7b
+  probe c 64,256 80 qwen3-235b-a22b qwen3-30b-a3b
+  probe d 288 50 deepseek-v3
+  grep -h "M=\|FAIL" "$out"/probe_mma_set25*.log
   exit $status
 fi
 if [ "$mode" = "profile" ]; then  # an H200: the benchmark first; then Nsight Compute

@@ -39,6 +39,8 @@ kernel in 32-row blocks of 3 or 4 stages with the w2 split 1, 2 or 4 ways;
 ``PROBE_SET=23``: its 32-row gated w13 of 2 or 3 stages, launched as the library does
 and with ``maxnreg=128`` (keys with ``nreg128``; ``_cap_registers``);
 ``PROBE_SET=24``: the warpgroup kernel's w2 in 128 x 128 tiles of 8 warps;
+``PROBE_SET=25``: the warpgroup kernel's input through its ring in logical K order
+(``x_shared``), w2 alone and both GEMMs, at several ring depths;
 ``PROBE_ROUTES=n``: each
 model and M on n routing draws;
 under CUDA-graph replay at M <= 64 (every M with ``PROBE_GRAPH=1``) and eagerly

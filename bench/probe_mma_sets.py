@@ -6,6 +6,7 @@ A GPU script's data, not library code: tiles built from the table's, keyed by la
 import os
 
 import attrs
+from probe_mma_ring import set_25
 
 from backends.triton._configs_mma import (
     MMA_RING_STAGES,
@@ -468,6 +469,7 @@ def _set_shapes(
 
 
 _SETS = {
+    "25": set_25,
     "24": _set_24,
     "23": _set_23,
     "22": _set_22,

@@ -39,6 +39,7 @@ from backends.triton._launch import (
     ExpertMatrix,
     buffer_dtype,
     device_name,
+    gemm_form,
     int4_words_fit,
     is_interpreting,
     launch_gemm,
@@ -50,7 +51,7 @@ from backends.triton._launch import (
 from backends.triton._launch_dequant import dequantize_experts
 from backends.triton._launch_gemv import launch_gemv
 from backends.triton._launch_reduce import launch_activate, reduce_topk
-from backends.triton._tiles import GemvTiles, MoETiles
+from backends.triton._tiles import GemmTiles, GemvTiles, MoETiles
 from core.config import MoEConfig
 from core.errors import DTypeError
 from core.routing import Routing
@@ -263,6 +264,11 @@ def _gemm_moe(
     halves13 = tiles.w13.nibble_halves and not dequant and w13.is_int4
     halves2 = tiles.w2.nibble_halves and not dequant and w2.is_int4
     a_TD = permute_k(x_TD, tiles.w13.block_k) if halves13 else x_TD
+    in13, in2 = (False, False)
+    if not (dequant or halves13 or halves2):
+        in13, in2 = _logical_inputs(x_TD, w13, w2, tiles)
+    if in13:
+        a_TD = permute_logical(x_TD)
     perm_out = tiles.w2.block_k if halves2 else 0
     width = permuted_width(f, perm_out) if halves2 else f
     inter_NF = torch.empty(num_pairs, width, dtype=dtype, device=x_TD.device)
@@ -282,7 +288,7 @@ def _gemm_moe(
         launch_gemm(
             a_TD, b13, inter_NF if part13 is None else part13, align, tiles.w13, n=f,
             routing=routing, config=config, gated=True, experts=(lo, hi),
-            perm_out=perm_out, pdl=pdl,
+            perm_out=perm_out, pdl=pdl, logical=(in13, in2),
         )  # fmt: skip
         if part13 is not None:
             launch_activate(
@@ -291,10 +297,45 @@ def _gemm_moe(
         b2 = w2 if scratch is None else _dequantized(w2, lo, hi, scratch)
         launch_gemm(
             inter_NF, b2, part_SND, align, tiles.w2, n=d, routing=routing,
-            config=config, gated=False, experts=(lo, hi), pdl=pdl,
+            config=config, gated=False, experts=(lo, hi), pdl=pdl, logical=(in2, False),
         )  # fmt: skip
     weighted = not config.apply_router_weight_on_input
     return reduce_topk(part_SND, routing, weighted=weighted, dtype=x_TD.dtype, pdl=pdl)
+
+
+def _logical_inputs(
+    x_TD: torch.Tensor, w13: ExpertMatrix, w2: ExpertMatrix, tiles: MoETiles
+) -> tuple[bool, bool]:
+    """Which GEMMs copy their input in logical K order through the ring: (w13, w2).
+
+    Where ``x_shared`` tiles run the warpgroup kernel with a ring on whole 128-column
+    steps (``gemm_form``): w13's input is then ``permute_logical(x)``, and w2's is
+    w13's output written so (w13 unsplit, on a Gluon kernel).
+    """
+    block_m, f, d = tiles.block_m, int(w13.data.shape[1]) // 2, int(x_TD.shape[1])
+
+    def ring(t: GemmTiles, b: ExpertMatrix, k: int) -> bool:
+        form = gemm_form(t, b, x_TD, block_m)
+        return t.x_shared and form == "wgmma" and t.num_stages > 1 and k % 128 == 0
+
+    in2 = (
+        ring(tiles.w2, w2, f)
+        and tiles.w13.split_k == 1
+        and gemm_form(tiles.w13, w13, x_TD, block_m) != "triton"
+    )
+    return ring(tiles.w13, w13, d), in2
+
+
+def permute_logical(x_MK: torch.Tensor) -> torch.Tensor:
+    """``x`` with each 128 columns in logical K order (``K % 128 == 0``).
+
+    Real column ``32c + 8r + 4h + 2i1 + i0`` goes to ``32r + 16i1 + 8i0 + 2c + h``:
+    the order in which the Gluon kernels' words meet the activation
+    (``_kernels_mma.py``).
+    """
+    m, k = x_MK.shape
+    v = x_MK.reshape(m, k // 128, 4, 4, 2, 2, 2)  # [m, step, c, r, h, i1, i0]
+    return v.permute(0, 1, 3, 5, 6, 2, 4).reshape(m, k)
 
 
 def _dequantized(

@@ -43,6 +43,7 @@ and PTX ``lop3`` / ``fma.rn.bf16x2``); no interpreter.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
 from backends.triton._kernels import _activate, _grid_dependency
 from backends.triton._kernels_mma_setup import (
@@ -63,10 +64,13 @@ from backends.triton._kernels_mma_steps import (
     _mma_step_shared,
     _to_logical_b,
     _words_layout,
+    _x_wgmma_layout,
 )
 
 # A CTA-wide barrier: ``thread_barrier`` in triton 3.6, renamed ``barrier`` in 3.7.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+X_LOGICAL: gl.constexpr = gl.constexpr(value=2)
+"""``X_SHARED`` of the warpgroup kernel's input ring (``_ring_prologue``)."""
 
 
 @gluon.jit
@@ -118,6 +122,7 @@ def _moe_gemm_mma_kernel(
     K32: gl.constexpr,
     X_SHARED: gl.constexpr,
     PDL: gl.constexpr,
+    LOGICAL_OUT: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
@@ -128,6 +133,7 @@ def _moe_gemm_mma_kernel(
     programs then wait on multiprocessors this grid's last programs are leaving,
     not beside them for the whole of its last wave (which cost Mixtral M = 16 and 32
     4%; bench/TUNING.md, "Programmatic dependent launch on the gemm path").
+    ``LOGICAL_OUT``: the output in logical K order (``_store_tile``).
     """
     if PDL:
         _grid_dependency(WAIT=True, NEXT=False)
@@ -187,7 +193,7 @@ def _moe_gemm_mma_kernel(
         acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
         e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm,
         stride_bias, BLOCK_M, gl.SliceLayout(0, ACC_LAYOUT), GATED, ACT, WEIGHT_ROWS,
-        HAS_BIAS, PDL,
+        HAS_BIAS, PDL, LOGICAL_OUT,
     )  # fmt: skip
 
 
@@ -244,6 +250,10 @@ def _ring_prologue(
 ):  # fmt: skip
     """``(ring, ring_up, x_ring)``, the first ``STAGES - 1`` copy groups in flight.
 
+    ``X_SHARED``: 0 words only; 1 (True) the activation too, ``(4 BLOCK_M, 32)`` a
+    slot (``_input_copies``); ``X_LOGICAL`` the warpgroup kernel's ``(BLOCK_M, 128)``
+    slots of an input already in logical K order.
+
     Called only with ``STAGES`` > 1; without a ring the caller passes ``None`` thrice.
     """
     w_e, _, _, rows, row_mask, kw, _, _, k_end, w_end, stride_wn = w
@@ -253,7 +263,9 @@ def _ring_prologue(
     ring = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
     ring_up = gl.allocate_shared_memory(gl.int32, [SLOTS, BLOCK_N, 16], SMEM)
     x_ring = ring  # unused without X_SHARED
-    if X_SHARED:
+    if X_SHARED == X_LOGICAL:  # the warpgroup kernel's B operand, logical K order
+        x_ring = gl.allocate_shared_memory(XT, [SLOTS, BLOCK_M, 128], _x_wgmma_layout())
+    elif X_SHARED:
         x_ring = gl.allocate_shared_memory(XT, [SLOTS, 4 * BLOCK_M, 32], SMEM)
     for i in gl.static_range(STAGES - 1):
         _copy_step(
@@ -275,7 +287,8 @@ def _ring_step(
     At a copy group's first step: copy the next group in, wait for this one. With
     ``X_SHARED`` every thread reads every thread's activation copies: wait for this
     group, then a barrier, and only then overwrite the slots the last group was read
-    from. ``(wd, wd_up, xs)``: ``xs`` the activation's slot, or ``x`` without
+    from (``X_LOGICAL``: a proxy fence before the barrier, as the tensor cores read
+    the slots). ``(wd, wd_up, xs)``: ``xs`` the activation's slot, or ``x`` without
     ``X_SHARED``.
     """
     ring, ring_up, x_ring = rings
@@ -285,6 +298,8 @@ def _ring_step(
     if COPY_STEPS == 1 or it % COPY_STEPS == 0:
         if X_SHARED:
             async_copy.wait_group(STAGES - 2)
+            if X_SHARED == X_LOGICAL:  # the copies are read by the tensor cores
+                fence_async_shared()
             _cta_barrier()
         _copy_step(
             ring, ring_up, x_ring, it // COPY_STEPS + STAGES - 1, w_e, rows, row_mask,
@@ -374,13 +389,14 @@ def _store_tile(
     offs_nc, n_mask, N, alpha, limit, stride_cs, stride_cm, stride_bias,
     BLOCK_M: gl.constexpr, C_COLS: gl.constexpr, GATED: gl.constexpr,
     ACT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, HAS_BIAS: gl.constexpr,
-    PDL: gl.constexpr,
+    PDL: gl.constexpr, LOGICAL_OUT: gl.constexpr,
 ):  # fmt: skip
     """The epilogue of expert ``e``, K split ``pid_s``, in the accumulator's layout.
 
     With ``PDL`` first lets the next kernel launch. On ``acc[n, m]``: router weights
     of the input rows, the bias (the first K split only), the activation, and the
-    store at each pair's row.
+    store at each pair's row; with ``LOGICAL_OUT`` each 128 columns in logical K
+    order (``_logical_columns``), for a warpgroup w2 that copies them as they are.
     """
     if PDL:
         _grid_dependency(WAIT=False, NEXT=True)
@@ -401,11 +417,26 @@ def _store_tile(
             acc_up += gl.expand_dims(bias_up.to(gl.float32), 1)
     if GATED:
         acc = _activate(acc, acc_up, alpha, limit, ACT)
+    cols = offs_nc
+    if LOGICAL_OUT:
+        cols = _logical_columns(offs_nc)
     c_ptrs = (
         c_ptr
         + pid_s * stride_cs
         + gl.expand_dims(pairs.to(gl.int64) * stride_cm, 0)
-        + gl.expand_dims(offs_nc, 1)
+        + gl.expand_dims(cols, 1)
     )
     mask = gl.expand_dims(n_mask, 1) & gl.expand_dims(m_mask, 0)
     gl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _logical_columns(cols):
+    """Where real column ``cols`` goes in logical K order, within its 128 columns.
+
+    Real ``32c + 8r + 4h + 2i1 + i0`` to logical ``32r + 16i1 + 8i0 + 2c + h``
+    (``permute_logical`` on the host).
+    """
+    j = cols % 128
+    c, r, h, i1, i0 = j // 32, j // 8 % 4, j // 4 % 2, j // 2 % 2, j % 2
+    return cols - j + 32 * r + 16 * i1 + 8 * i0 + 2 * c + h

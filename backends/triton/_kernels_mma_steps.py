@@ -85,6 +85,17 @@ def _input_copy_layout(warps):
 
 
 @gluon.constexpr_function
+def _x_wgmma_layout():
+    """Shared slots of a step's activation ``(block_m, 128)`` for ``wgmma``'s B operand.
+
+    K-major, 128-byte swizzle, logical K order (``_kernels_wgmma.py``).
+    """
+    return gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False
+    )
+
+
+@gluon.constexpr_function
 def _acc_layout(warps):
     """The accumulator: ``mma.sync`` m16n8 tiles, warps along the rows."""
     return gl.NVMMADistributedLayout(

@@ -23,6 +23,15 @@ Words come one step ahead in registers (``STAGES`` 1, ``_load_words``) or throug
 barrier of its own); scales one step ahead in registers. The activation of the next
 step is loaded into registers during the step and stored into the other slot while
 the step's MMAs run (``ASYNC``; else after them), a CTA barrier ending each step.
+
+With ``X_RING`` (``GemmTiles.x_shared``, a ring only) the input is already in logical
+K order in memory (w2's: w13's output written so, ``LOGICAL_OUT``; w13's:
+``permute_logical``), so each step's tile is copied by cp.async, as it is, with the
+step's words into a ring slot of its own that the MMAs read (``_wgmma_ring_loop``):
+no activation in registers, no shared stores, one barrier (with a proxy fence) a copy
+group. Offline (sm_90, Triton 3.6, ``compile_sm90.py wgmma x``) that takes the 32-row
+ring of one-step groups from 387 to 339 SASS a step for the gated w13 and from 255 to
+209 for w2, and from 168 / 125 registers to 150 / 108.
 sm_90 only (``wgmma``); no interpreter.
 """
 
@@ -35,7 +44,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from backends.triton._kernels import _grid_dependency
-from backends.triton._kernels_mma import _ring_prologue, _ring_step, _store_tile
+from backends.triton._kernels_mma import (
+    X_LOGICAL,
+    _ring_prologue,
+    _ring_step,
+    _store_tile,
+)
 from backends.triton._kernels_mma_setup import (
     _first_step,
     _load_x,
@@ -48,12 +62,19 @@ from backends.triton._kernels_mma_setup import (
 from backends.triton._kernels_mma_steps import (
     _dequant,
     _words_layout,
+    _x_wgmma_layout,
 )
 
 # A CTA-wide barrier: ``thread_barrier`` in triton 3.6, renamed ``barrier`` in 3.7.
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 NO_X_RING: gl.constexpr = gl.constexpr(value=False)
 """``X_SHARED`` of the ring's helpers: the activation has its own slots here."""
+WORD_RING: gl.constexpr = gl.constexpr(value=True)
+"""``RING`` of ``_first_step`` / ``_next_step``: the words come through the ring."""
+STAGE_X: gl.constexpr = gl.constexpr(value=True)
+"""``STAGE`` of ``_wgmma_pair``: the next activation is stored during the step."""
+NO_STAGE: gl.constexpr = gl.constexpr(value=False)
+"""``STAGE`` of ``_wgmma_pair`` with ``X_RING``: the copies bring it."""
 
 
 @gluon.constexpr_function
@@ -68,14 +89,6 @@ def _wgmma_layout(block_m, warps):
 def _x_load_layout(warps):
     """A step's activation ``(block_m, 128)`` as loaded: 16 bytes a thread, K fastest."""
     return gl.BlockedLayout([1, 8], [2, 16], [warps, 1], [1, 0])
-
-
-@gluon.constexpr_function
-def _x_shared_layout():
-    """The shared slots of the activation ``(block_m, 128)``: K-major, 128-byte swizzle."""
-    return gl.NVMMASharedLayout(
-        swizzle_byte_width=128, element_bitwidth=16, rank=2, transposed=False
-    )
 
 
 @gluon.jit
@@ -186,18 +199,21 @@ def _moe_gemm_wgmma_kernel(
     STAGES: gl.constexpr,
     COPY_STEPS: gl.constexpr,
     K32: gl.constexpr,
+    X_RING: gl.constexpr,
+    LOGICAL_OUT: gl.constexpr,
 ):
     """One (row block, column tile, K split) of the grouped GEMM; see ``_moe_gemm_kernel``.
 
     Column tiles in row-block-fastest order; K steps of 128. ``PDL``, ``STAGES``,
-    ``COPY_STEPS`` and ``K32`` as in ``_moe_gemm_mma_kernel`` (no ``X_SHARED``: the
-    activation has its own two slots here).
+    ``COPY_STEPS``, ``K32`` and ``LOGICAL_OUT`` as in ``_moe_gemm_mma_kernel`` (no
+    ``X_SHARED``: without ``X_RING`` the activation has its own two slots here).
+    ``X_RING`` (a ring only; ``GemmTiles.x_shared``): the input is in logical K order
+    and comes through the ring with the words (``_wgmma_ring_loop``).
     """
     if PDL:
         _grid_dependency(WAIT=True, NEXT=False)
     W_LAYOUT: gl.constexpr = _words_layout(BLOCK_N, WARPS)
     ACC_LAYOUT: gl.constexpr = _wgmma_layout(BLOCK_M, WARPS)
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
     X_LAYOUT: gl.constexpr = _x_load_layout(WARPS)
     pid_b, pid_n, pid_s = _program_ids(N, BLOCK_N)
     e = gl.load(block_expert_ptr + pid_b)
@@ -212,15 +228,49 @@ def _moe_gemm_wgmma_kernel(
         sorted_ptr + pid_b * BLOCK_M, n_rows, stride_am, A_DIV, BLOCK_M, X_LAYOUT
     )
     offs_nc, n_mask, rows_c = _output_rows(pid_n, N, BLOCK_N, ACC_LAYOUT)
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
-    acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(k_start + k_per_split, K)
     w_end = k_end // 32 * 4 if K32 else k_end // 8  # K32: 16-byte word copies
     w = (
         w_e, s_e, z_e, rows, row_mask, kw, rows_c, n_mask, k_end, w_end, stride_wn,
     )  # fmt: skip
-    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_shared_layout())
+    x = (a_ptr, x_rows, x_mask_m, offs_kx)
+    if X_RING:
+        acc, acc_up = _wgmma_ring_loop(
+            x, w, k_start, k_end, N, stride_sn, GROUP, HAS_ZP, CT, BLOCK_N, BLOCK_M,
+            W_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC, STAGES, COPY_STEPS,
+        )  # fmt: skip
+    else:
+        acc, acc_up = _wgmma_slot_loop(
+            x, w, k_start, k_end, N, stride_sn, GROUP, HAS_ZP, CT, BLOCK_N, BLOCK_M,
+            W_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC, STAGES, COPY_STEPS,
+        )  # fmt: skip
+    _store_tile(
+        acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
+        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs,
+        stride_cm, stride_bias, BLOCK_M, gl.SliceLayout(0, ACC_LAYOUT), GATED, ACT,
+        WEIGHT_ROWS, HAS_BIAS, PDL, LOGICAL_OUT,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _wgmma_slot_loop(
+    x, w, k_start, k_end, N, stride_sn,
+    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, CT: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_LAYOUT: gl.constexpr,
+    ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr, GATED: gl.constexpr,
+    ASYNC: gl.constexpr, STAGES: gl.constexpr, COPY_STEPS: gl.constexpr,
+):  # fmt: skip
+    """The K loop with the activation through registers into two shared slots.
+
+    ``x``: ``(a_ptr, x_rows, x_mask_m, offs_kx)`` (``_token_rows``), real K order.
+    Returns ``(acc, acc_up)``.
+    """
+    a_ptr, x_rows, x_mask_m, offs_kx = x
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    slots = gl.allocate_shared_memory(CT, [2, BLOCK_M, 128], _x_wgmma_layout())
     no_copies = (None, None, None)  # the ring carries words only (NO_X_RING)
     rings = (None, None, None)  # without a ring (STAGES 1) nothing is allocated
     if STAGES > 1:  # here: a helper cannot return None (Triton 3.6 and 3.7)
@@ -228,8 +278,8 @@ def _moe_gemm_wgmma_kernel(
             w, no_copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS,
             NO_X_RING, a_ptr.dtype.element_ty,
         )  # fmt: skip
-    x = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
-    _stage(slots.index(0), x, CT, BLOCK_M)
+    xv = _load_x(a_ptr, x_rows, x_mask_m, offs_kx, k_start, k_end)
+    _stage(slots.index(0), xv, CT, BLOCK_M)
     _cta_barrier()
     cur = _first_step(
         w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, STAGES > 1
@@ -244,13 +294,54 @@ def _moe_gemm_wgmma_kernel(
         )  # fmt: skip
         _cta_barrier()  # the next slot's stores visible to the next step's MMAs
         it += 1  # noqa: SIM113 (a Triton range has no enumerate)
+    return acc, acc_up
 
-    _store_tile(
-        acc, acc_up, c_ptr, sorted_ptr + pid_b * BLOCK_M, topk_weights_ptr, bias_ptr,
-        e, pid_s, n_rows, offs_nc, n_mask, N, alpha, limit, stride_cs,
-        stride_cm, stride_bias, BLOCK_M, gl.SliceLayout(0, ACC_LAYOUT), GATED, ACT,
-        WEIGHT_ROWS, HAS_BIAS, PDL,
+
+@gluon.jit
+def _wgmma_ring_loop(
+    x, w, k_start, k_end, N, stride_sn,
+    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, CT: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, W_LAYOUT: gl.constexpr,
+    ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr, GATED: gl.constexpr,
+    ASYNC: gl.constexpr, STAGES: gl.constexpr, COPY_STEPS: gl.constexpr,
+):  # fmt: skip
+    """The K loop with the activation copied with the words (``X_RING``).
+
+    The input is in logical K order already (a w13 with ``LOGICAL_OUT``, or
+    ``permute_logical``), so each step's ``(BLOCK_M, 128)`` tile is copied by cp.async
+    as it is into its ring slot, which the MMAs read: no activation in registers, no
+    stores, one barrier a copy group (``_ring_step``). Returns ``(acc, acc_up)``.
+    """
+    a_ptr, x_rows, x_mask_m, offs_kx = x
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(0, ACC_LAYOUT, 2)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    acc_up = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, ACC_LAYOUT)
+    copies = (a_ptr + x_rows + offs_kx, x_mask_m, offs_kx)
+    rings = _ring_prologue(
+        w, copies, k_start, N, BLOCK_N, BLOCK_M, GATED, STAGES, COPY_STEPS, X_LOGICAL,
+        a_ptr.dtype.element_ty,
     )  # fmt: skip
+    cur = _first_step(
+        w, k_start, N, stride_sn, GROUP, HAS_ZP, CT, POST_SCALE, GATED, WORD_RING
+    )
+    it = 0
+    for k0 in range(k_start, k_end, 128):
+        wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up = cur
+        cur = _next_step(
+            w, k0 + 128, N, stride_sn, sc, sc_up, GROUP, HAS_ZP, CT, POST_SCALE,
+            GATED, WORD_RING,
+        )  # fmt: skip
+        wd, wd_up, xs = _ring_step(
+            rings, w, copies, it, None, k_start, N, W_LAYOUT, GATED, STAGES,
+            COPY_STEPS, X_LOGICAL,
+        )  # fmt: skip
+        acc, acc_up = _wgmma_pair(
+            acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs, None,
+            None, CT, BLOCK_N, BLOCK_M, A_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED,
+            ASYNC, NO_STAGE,
+        )  # fmt: skip
+        it += 1  # noqa: SIM113 (a Triton range has no enumerate)
+    return acc, acc_up
 
 
 @gluon.jit
@@ -282,7 +373,7 @@ def _wgmma_loop_step(
     acc, acc_up = _wgmma_pair(
         acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up,
         slots.index(it % 2), x_next, slots.index((it + 1) % 2), CT, BLOCK_N, BLOCK_M,
-        A_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC,
+        A_LAYOUT, ACC_LAYOUT, POST_SCALE, GATED, ASYNC, STAGE_X,
     )  # fmt: skip
     return acc, acc_up, nxt
 
@@ -303,12 +394,13 @@ def _wgmma_pair(
     acc, acc_up, wd, s_b, bias, sc, wd_up, s_up, bias_up, sc_up, xs, x_next, x_slot,
     CT: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
     A_LAYOUT: gl.constexpr, ACC_LAYOUT: gl.constexpr, POST_SCALE: gl.constexpr,
-    GATED: gl.constexpr, ASYNC: gl.constexpr,
+    GATED: gl.constexpr, ASYNC: gl.constexpr, STAGE: gl.constexpr,
 ):  # fmt: skip
-    """One step's MMAs against slot ``xs``, and the next activation staged.
+    """One step's MMAs against slot ``xs``, and with ``STAGE`` the next activation staged.
 
-    Gate (or only) rows, then up rows; ``x_next`` goes into ``x_slot``. With ``ASYNC`` the MMAs run while the up rows dequantize and the next activation
-    is stored; else each MMA is waited for before the next dequantization.
+    Gate (or only) rows, then up rows; ``x_next`` goes into ``x_slot``. With
+    ``ASYNC`` the MMAs run while the up rows dequantize and the next activation is
+    stored; else each MMA is waited for before the next dequantization.
     """
     if ASYNC:
         tok, a = _wgmma_issue(
@@ -320,7 +412,8 @@ def _wgmma_pair(
                 acc_up, wd_up, s_up, bias_up, xs, CT, BLOCK_N, BLOCK_M, A_LAYOUT,
                 ACC_LAYOUT, POST_SCALE,
             )  # fmt: skip
-        _stage(x_slot, x_next, CT, BLOCK_M)
+        if STAGE:
+            _stage(x_slot, x_next, CT, BLOCK_M)
         if GATED:
             acc = _wgmma_retire(acc, tok, a, sc, 1, POST_SCALE)
             acc_up = _wgmma_retire(acc_up, tok_up, a_up, sc_up, 0, POST_SCALE)
@@ -336,5 +429,6 @@ def _wgmma_pair(
                 acc_up, wd_up, s_up, bias_up, xs, sc_up, CT, BLOCK_N, BLOCK_M,
                 A_LAYOUT, ACC_LAYOUT, POST_SCALE,
             )  # fmt: skip
-        _stage(x_slot, x_next, CT, BLOCK_M)
+        if STAGE:
+            _stage(x_slot, x_next, CT, BLOCK_M)
     return acc, acc_up

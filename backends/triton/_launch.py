@@ -195,6 +195,7 @@ def launch_gemm(
     experts: tuple[int, int],
     perm_out: int = 0,
     pdl: bool = False,
+    logical: tuple[bool, bool] = (False, False),
 ) -> None:
     """Launch the grouped GEMM writing ``out`` ``(S, N, n)`` or ``(N, n)``.
 
@@ -220,7 +221,10 @@ def launch_gemm(
     ``tiles.int4_words`` int4 weights are read as int32 words where
     ``int4_words_fit``, else byte by byte. ``pdl`` (``MoETiles.pdl``): the Gluon
     kernel is launched with programmatic dependent launch where ``pdl_target``
-    holds (the Triton kernel launches plainly).
+    holds (the Triton kernel launches plainly). ``logical``: ``(input, output)`` in
+    logical K order: the input copied as it is through the warpgroup kernel's ring
+    (``gemm_form`` "wgmma", a ring, ``K % 128 == 0``), the output written so (the
+    Gluon kernels); a ``ValueError`` where the kernel that runs cannot.
     """
     from backends.triton._kernels import _moe_gemm_kernel
 
@@ -239,10 +243,9 @@ def launch_gemm(
         _check_split_rows(out, tiles.split_k, n, perm_out)
         n, gated = 2 * n, False
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
-    wgmma = (
-        tiles.wgmma and words and wgmma_target(a_MK) and align.block_m in WGMMA_BLOCK_M
-    )
-    mma = tiles.mma and words and mma_target(a_MK) and align.block_m in MMA_BLOCK_M
+    form = gemm_form(tiles, b, a_MK, align.block_m)
+    wgmma, mma = form == "wgmma", form == "mma"
+    _check_logical(logical, form, tiles, k)
     if tiles.mma and not (mma or wgmma):
         _check_triton_rows(align.block_m, a_MK, words=words)
     args = (
@@ -266,8 +269,10 @@ def launch_gemm(
     if wgmma or mma:
         pdl = pdl and pdl_target(a_MK)
         gluon = {"POST_SCALE": group >= tiles.block_k, "WARPS": tiles.num_warps}
-        gluon |= {"PDL": pdl, **pdl_launch_options(on=pdl)}
-        _launch_gluon(grid, args, meta | gluon, tiles, a_MK, k=k, wgmma=wgmma)
+        gluon |= {"PDL": pdl, "LOGICAL_OUT": logical[1], **pdl_launch_options(on=pdl)}
+        _launch_gluon(
+            grid, args, meta | gluon, tiles, a_MK, k=k, wgmma=wgmma, x_ring=logical[0]
+        )
         return
     _moe_gemm_kernel[grid](
         *args, **meta, INT4=b.is_int4, BLOCK_K=tiles.block_k, SWAP_AB=tiles.swap_ab,
@@ -286,6 +291,7 @@ def _launch_gluon(
     *,
     k: int,
     wgmma: bool,
+    x_ring: bool,
 ) -> None:
     """Launch ``launch_gemm``'s arguments on a Gluon kernel: warpgroup MMA or mma.sync."""
     if wgmma:
@@ -293,8 +299,8 @@ def _launch_gluon(
 
         _moe_gemm_wgmma_kernel[grid](
             *args, **meta, ASYNC=WGMMA_ASYNC and tiles.num_stages == 1,
-            STAGES=tiles.num_stages,
-            COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
+            STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps, K32=k % 32 == 0,
+            X_RING=x_ring,
         )  # fmt: skip
         return
     from backends.triton._kernels_mma import _moe_gemm_mma_kernel
@@ -303,6 +309,32 @@ def _launch_gluon(
         *args, **meta, STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps,
         K32=k % 32 == 0, X_SHARED=tiles.x_shared and _whole_copies(a_MK, k),
     )  # fmt: skip
+
+
+def gemm_form(tiles: GemmTiles, b: ExpertMatrix, a: torch.Tensor, block_m: int) -> str:
+    """The kernel ``launch_gemm`` runs: "wgmma", "mma" (the Gluon kernels) or "triton"."""
+    words = tiles.int4_words and int4_words_fit(b)
+    if tiles.wgmma and words and wgmma_target(a) and block_m in WGMMA_BLOCK_M:
+        return "wgmma"
+    if tiles.mma and words and mma_target(a) and block_m in MMA_BLOCK_M:
+        return "mma"
+    return "triton"
+
+
+def _check_logical(
+    logical: tuple[bool, bool], form: str, tiles: GemmTiles, k: int
+) -> None:
+    """``launch_gemm``'s ``logical`` against the kernel that runs (``gemm_form``)."""
+    x_ring, out = logical
+    if x_ring and (form != "wgmma" or tiles.num_stages < 2 or k % 128):
+        msg = (
+            "launch_gemm: a logical-order input needs the warpgroup kernel with a "
+            f"ring and K % 128 == 0, got form {form!r}, "
+            f"num_stages={tiles.num_stages}, K={k}"
+        )
+        raise ValueError(msg)
+    if out and form == "triton":
+        raise ValueError("launch_gemm: a logical-order output needs a Gluon kernel")
 
 
 def _check_triton_rows(block_m: int, a_MK: torch.Tensor, *, words: bool) -> None:

@@ -64,12 +64,17 @@ class GemmTiles:
             kernel ``_kernels_wgmma.py`` instead, whose tensor cores read the row
             block's tokens from shared memory (the words still dequantized into the
             register A operand), so row blocks of 32 tokens cost no spills. Needs
-            ``num_warps`` 4 or 8 (whole warpgroups), ``block_n`` ``16 * num_warps``
-            (one 64-row tile a warpgroup: with two the gated w13 on 4 warps spilled
-            72-568 bytes a thread, offline sm_90) and no ``x_shared`` (the
-            activation has its own shared slots there); ``num_stages`` and
-            ``copy_steps`` form the words' ring as for ``mma.sync``. Elsewhere the
-            ``mma.sync`` kernel takes the same tiles.
+            ``num_warps`` 4 or 8 (whole warpgroups) and ``block_n``
+            ``16 * num_warps`` (one 64-row tile a warpgroup: with two the gated w13
+            on 4 warps spilled 72-568 bytes a thread, offline sm_90);
+            ``num_stages`` and ``copy_steps`` form the words' ring as for
+            ``mma.sync``. There ``x_shared`` means the input in logical K order,
+            copied with the words into ``(block_m, 128)`` ring slots that the
+            tensor cores read as they are, where K is whole 128-column steps (w2's
+            input is then w13's output written so, w13's ``permute_logical(x)``);
+            elsewhere the warpgroup kernel stores each step's activation from
+            registers into its own two shared slots. Off Hopper the ``mma.sync``
+            kernel takes the same tiles.
     """
 
     block_n: int
@@ -106,13 +111,11 @@ class GemmTiles:
             not self.mma
             or self.num_warps not in (4, 8)
             or self.block_n != 16 * self.num_warps
-            or self.x_shared
         ):
             msg = (
-                "GemmTiles.wgmma needs mma=True, num_warps 4 or 8, block_n 16 * "
-                "num_warps (one 64-row tile a warpgroup) and x_shared False, got "
-                f"mma={self.mma}, num_warps={self.num_warps}, block_n={self.block_n}, "
-                f"x_shared={self.x_shared}"
+                "GemmTiles.wgmma needs mma=True, num_warps 4 or 8 and block_n 16 * "
+                "num_warps (one 64-row tile a warpgroup), got "
+                f"mma={self.mma}, num_warps={self.num_warps}, block_n={self.block_n}"
             )
             raise ValueError(msg)
         if self.mma and not self.int4_words:

@@ -11,8 +11,14 @@ import torch
 
 import backends.triton._configs as configs
 import backends.triton._fused as fused
+import backends.triton._launch as launch_module
 from backends.triton._configs import DEQUANT_PAIRS_PER_EXPERT, GEMV_BY_DEFAULT
-from backends.triton._fused import use_dequant, use_gemv
+from backends.triton._fused import (
+    _logical_inputs,
+    permute_logical,
+    use_dequant,
+    use_gemv,
+)
 from backends.triton._launch import (
     ExpertMatrix,
     _whole_copies,
@@ -21,7 +27,7 @@ from backends.triton._launch import (
     permuted_width,
 )
 from backends.triton._launch_gemv import gemv_loop_stages, tma_fit
-from backends.triton._tiles import GemvTiles, MoETiles
+from backends.triton._tiles import GemmTiles, GemvTiles, MoETiles
 
 
 def test_permute_k_puts_even_columns_first_in_each_chunk() -> None:
@@ -33,6 +39,53 @@ def test_permute_k_puts_even_columns_first_in_each_chunk() -> None:
     for r in range(2):
         want = [x[r, c].item() if c >= 0 else 0.0 for c in row]
         assert out[r].tolist() == want
+
+
+def test_permute_logical_puts_each_column_where_the_words_meet_it() -> None:
+    """Real column ``32c + 8r + 4h + 2i1 + i0`` of each 128 lands at logical
+    ``32r + 16i1 + 8i0 + 2c + h``: a permutation, step by step, rows kept."""
+    x = torch.arange(2 * 256, dtype=torch.float32).reshape(2, 256)
+    out = permute_logical(x)
+    assert out.shape == x.shape
+    for j in range(256):
+        step, q = divmod(j, 128)
+        c, r, h, i1, i0 = q // 32, q // 8 % 4, q // 4 % 2, q // 2 % 2, q % 2
+        logical = 128 * step + 32 * r + 16 * i1 + 8 * i0 + 2 * c + h
+        assert out[:, logical].tolist() == x[:, j].tolist(), j
+    assert sorted(out[1].tolist()) == x[1].tolist()
+
+
+def test_logical_inputs_where_the_warpgroup_ring_takes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``x_shared`` warpgroup tiles with a ring take a logical-order input where K is
+    whole 128-column steps; w2's needs an unsplit w13 on a Gluon kernel."""
+    monkeypatch.setattr(launch_module, "wgmma_target", lambda a: True)
+    monkeypatch.setattr(launch_module, "mma_target", lambda a: True)
+    ring = GemmTiles(
+        block_n=64, block_k=128, num_warps=4, num_stages=3, swap_ab=True,
+        int4_words=True, mma=True, wgmma=True, copy_steps=2, x_shared=True,
+    )  # fmt: skip
+
+    def inputs(d: int, f: int, tiles: MoETiles) -> tuple[bool, bool]:
+        w13 = ExpertMatrix(data=torch.zeros(2, 2 * f, d // 2, dtype=torch.uint8))
+        w2 = ExpertMatrix(data=torch.zeros(2, d, f // 2, dtype=torch.uint8))
+        return _logical_inputs(torch.empty(1, d), w13, w2, tiles)
+
+    both = MoETiles(block_m=32, w13=ring, w2=ring)
+    assert inputs(512, 256, both) == (True, True)
+    assert inputs(512, 328, both) == (True, False)  # w2's K = 328
+    assert inputs(520, 256, both) == (False, True)  # w13's K = 520
+    no_x = attrs.evolve(ring, x_shared=False)
+    assert inputs(512, 256, attrs.evolve(both, w13=no_x)) == (False, True)
+    assert inputs(512, 256, attrs.evolve(both, w2=no_x)) == (True, False)
+    split13 = attrs.evolve(both, w13=attrs.evolve(ring, split_k=2))
+    assert inputs(512, 256, split13) == (True, False)  # w13 writes float32 partials
+    mma13 = attrs.evolve(both, w13=attrs.evolve(ring, wgmma=False, x_shared=False))
+    assert inputs(512, 256, mma13) == (False, True)  # mma.sync writes it so too
+    one_stage = attrs.evolve(ring, num_stages=1, copy_steps=1, x_shared=False)
+    assert inputs(512, 256, attrs.evolve(both, w2=one_stage)) == (True, False)
+    assert inputs(512, 256, attrs.evolve(both, block_m=128)) == (False, False)
 
 
 def test_sixteen_bit_prefill_tiles_rule() -> None:

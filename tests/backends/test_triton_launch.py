@@ -3,6 +3,7 @@ kernels are replaced by a recorder, so nothing is compiled or run."""
 
 from collections.abc import Callable
 
+import attrs
 import pytest
 import torch
 
@@ -55,9 +56,70 @@ def test_warpgroup_launch_passes_the_ring_and_overlaps_only_without_one(
     )  # fmt: skip
     x = torch.empty(1, 8)
     for k in (4096, 328):
-        launch._launch_gluon((1, 1, 1), (), {}, tiles, x, k=k, wgmma=True)
+        launch._launch_gluon(
+            (1, 1, 1), (), {}, tiles, x, k=k, wgmma=True, x_ring=k == 4096
+        )
     first, second = recorder.meta
     assert first == {
-        "ASYNC": want_async, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True
+        "ASYNC": want_async, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
+        "X_RING": True,
     }  # fmt: skip
     assert second["K32"] is False  # K % 32 != 0: 8-byte word copies
+    assert second["X_RING"] is False
+
+
+RING = GemmTiles(
+    block_n=64, block_k=128, num_warps=4, num_stages=3, swap_ab=True,
+    int4_words=True, mma=True, wgmma=True, copy_steps=2, x_shared=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("logical", "form", "stages", "k", "error"),
+    [
+        ((True, False), "wgmma", 3, 4096, None),
+        ((True, True), "wgmma", 2, 1536, None),
+        ((False, True), "mma", 3, 4096, None),
+        ((False, False), "triton", 3, 328, None),
+        ((True, False), "mma", 3, 4096, r"form 'mma', num_stages=3, K=4096"),
+        ((True, False), "wgmma", 1, 4096, r"form 'wgmma', num_stages=1, K=4096"),
+        ((True, False), "wgmma", 3, 4160, r"num_stages=3, K=4160"),
+        ((False, True), "triton", 3, 4096, r"logical-order output needs a Gluon"),
+    ],
+)
+def test_logical_order_only_where_the_kernel_that_runs_can(
+    logical: tuple[bool, bool], form: str, stages: int, k: int, error: str | None
+) -> None:
+    """A logical-order input is copied as it is by the warpgroup kernel's ring alone,
+    on whole 128-column steps; only the Gluon kernels write a logical-order output."""
+    tiles = GemmTiles(
+        block_n=64, block_k=128, num_warps=4, num_stages=stages, swap_ab=True,
+        int4_words=True, mma=True, wgmma=True, copy_steps=1,
+    )  # fmt: skip
+    if error is None:
+        launch._check_logical(logical, form, tiles, k)
+        return
+    with pytest.raises(ValueError, match=error):
+        launch._check_logical(logical, form, tiles, k)
+
+
+def test_gemm_form_follows_the_tiles_the_device_and_the_row_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gemm_form``: the warpgroup kernel where its tiles, words, Hopper and its row
+    blocks allow; else ``mma.sync`` where those allow; else the Triton kernel."""
+    words = launch.ExpertMatrix(
+        data=torch.zeros(2, 64, 256, dtype=torch.uint8), group_size=128
+    )
+    odd = launch.ExpertMatrix(data=torch.zeros(2, 64, 3, dtype=torch.uint8))
+    x = torch.empty(1, 8)
+    assert launch.gemm_form(RING, words, x, 32) == "triton"  # on CPU
+    monkeypatch.setattr(launch, "wgmma_target", lambda a: True)
+    monkeypatch.setattr(launch, "mma_target", lambda a: True)
+    assert launch.gemm_form(RING, words, x, 32) == "wgmma"
+    assert launch.gemm_form(RING, words, x, 64) == "wgmma"
+    assert launch.gemm_form(attrs.evolve(RING, wgmma=False), words, x, 32) == "mma"
+    assert launch.gemm_form(attrs.evolve(RING, wgmma=False), words, x, 64) == "triton"
+    assert launch.gemm_form(RING, odd, x, 32) == "triton"  # rows of 6 codes: no words
+    monkeypatch.setattr(launch, "wgmma_target", lambda a: False)
+    assert launch.gemm_form(RING, words, x, 32) == "mma"  # Ampere takes mma.sync

@@ -78,7 +78,9 @@ def test_gemm_tiles_wgmma_needs_mma_whole_warpgroups_and_registers() -> None:
     with pytest.raises(ValueError, match=r"16 \* num_warps .* block_n=128"):
         attrs.evolve(wgmma, num_warps=4)  # two 64-row tiles a warpgroup spill
     assert attrs.evolve(wgmma, num_warps=4, block_n=64).wgmma
-    with pytest.raises(ValueError, match=r"x_shared False, .* x_shared=True"):
-        attrs.evolve(wgmma, num_stages=2, x_shared=True)
+    shared = attrs.evolve(wgmma, num_stages=2, x_shared=True)  # the input's ring
+    assert shared.x_shared
+    with pytest.raises(ValueError, match=r"x_shared needs mma=True .* num_stages=1"):
+        attrs.evolve(shared, num_stages=1)
     ring = attrs.evolve(wgmma, num_stages=3, copy_steps=2)  # the words' cp.async ring
     assert (ring.num_stages, ring.copy_steps) == (3, 2)
