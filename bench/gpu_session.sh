@@ -42,7 +42,9 @@
 # rule: the table against its GEMV at M = 2-32, two routing draws) and
 # test_triton_cuda.py in four jobs; logs in $OUT.
 # "xring": the warpgroup kernel's input through its ring in logical K order
-# (GemmTiles.x_shared): its CUDA tests, then probe_mma.py PROBE_SET 25, logs in $OUT.
+# (GemmTiles.x_shared): its CUDA tests, then probe_mma.py PROBE_SET 25, logs in $OUT;
+# "xring2": the table with it (those tests, the warpgroup / PDL variants, the w4a16
+# tests of test_triton_cuda.py in three jobs), then PROBE_SET 25 at M >= 512.
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -269,6 +271,21 @@ if [ "$mode" = "xring" ]; then  # the warpgroup kernel's input ring: tests, PROB
   probe b 128,256 60 mixtral-8x7b
   probe c 64,256 80 qwen3-235b-a22b qwen3-30b-a3b
   probe d 288 50 deepseek-v3
+  grep -h "M=\|FAIL" "$out"/probe_mma_set25*.log
+  exit $status
+fi
+if [ "$mode" = "xring2" ]; then  # the table with the input ring: tests, PROBE_SET 25 above 256
+  job_s=300
+  run r1 tests/backends/test_triton_wgmma_ring_cuda.py &
+  run r2 tests/backends/test_triton_gemm_variants_cuda.py -k "wgmma or pdl or hopper" &
+  run r3 tests/backends/test_triton_cuda.py -k w4a16 &
+  gather xring_suite.log r1 r2 r3
+  probe() { probe_set 25 "$@"; }  # log name, sizes, seconds, models
+  probe e 512 60 mixtral-8x7b
+  probe f 512,1024 90 qwen3-235b-a22b
+  probe g 512,1024,1536 90 qwen3-30b-a3b
+  probe h 512,1024 120 deepseek-v3
+  probe i 36,64 60 mixtral-8x7b
   grep -h "M=\|FAIL" "$out"/probe_mma_set25*.log
   exit $status
 fi

@@ -15,6 +15,11 @@ def set_25(
     w13, w2 = default.w13, default.w2
     if not (w13.wgmma and w2.wgmma and w2.num_stages > 1):
         return out  # the table's form here is not the warpgroup ring
+    out["registers"] = attrs.evolve(  # the input through registers, as before
+        default,
+        w13=attrs.evolve(w13, x_shared=False),
+        w2=attrs.evolve(w2, x_shared=False),
+    )
     out["x ring w2"] = attrs.evolve(default, w2=attrs.evolve(w2, x_shared=True))
     out["x ring both"] = attrs.evolve(
         default,

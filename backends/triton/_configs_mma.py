@@ -21,11 +21,20 @@ MMA_TILES: Final = GemmTiles(
 blocks: a 2-stage cp.async ring of 2-step copy groups (``GemmTiles.copy_steps``)."""
 WGMMA_TILES: Final = GemmTiles(
     block_n=64, block_k=128, num_warps=4, num_stages=2, swap_ab=True,
-    int4_words=True, mma=True, wgmma=True, copy_steps=2,
+    int4_words=True, mma=True, wgmma=True, copy_steps=2, x_shared=True,
 )  # fmt: skip
 """The warpgroup-MMA kernel's tiles (Hopper: ``wgmma_target``), in ``WGMMA_BLOCK``-row
 blocks, each MMA waited for (``_launch.WGMMA_ASYNC``), the words through a 2-stage
-cp.async ring of 2-step copy groups: from ``INT4_FEW_PER_EXPERT`` + 1 to
+cp.async ring of 2-step copy groups, and with them the input in logical K order
+(``x_shared``; where K is whole 128-column steps, else through registers). The input
+ring measured on an H100 (bench/sweeps/probe_mma_set25_h100.log; ms, graph replay at
+M <= 64, eager above, against the same tiles with the input through registers):
+Mixtral M = 36 / 64 / 128 / 256 0.317 / 0.309 / 0.442 / 0.712 against 0.333 / 0.381
+(the 3-stage form then in the table) / 0.553 / 0.837, Qwen3-235B M = 256 0.618
+against 0.667, Qwen3-30B-A3B M = 256 0.189 against 0.202, DeepSeek-V3 M = 288 2.49
+against 2.56. Nsight Compute had shown the registers' form waiting on each step's
+input loads (bench/TUNING.md, "The warpgroup kernel's input through its ring"). From
+``INT4_FEW_PER_EXPERT`` + 1 to
 ``wgmma_max_per_expert`` pairs per expert, and in the decode row
 (``wgmma_decode_row``: 9-16 pairs, ``wgmma_decode_tiles``). Measured on an H100
 (bench/sweeps/probe_mma17_wgmma_h100.log for the form, probe_mma18_wgmma_ring_h100.log
@@ -117,12 +126,14 @@ the warpgroup kernel goes up to ``WGMMA_MAX_PER_EXPERT`` pairs (below,
 ``WGMMA_MAX_PER_EXPERT_SMALL``). No expert
 size between DeepSeek-V3's 2^23.8 and Mixtral's 2^25.8 was measured: the threshold
 sits between them."""
-WGMMA_DECODE_STAGES: Final = 3
-"""Ring stages of the decode row for experts of at least ``WGMMA_LARGE_EXPERT``: Mixtral
-M = 64 (16 pairs an expert), graph replay, ms, five routing draws on an H100
-(probe_mma18 and 19): 3 stages 0.377 / 0.382 / 0.380 / 0.378 / 0.386 against 2 stages'
-0.381 / 0.392 / 0.391 / 0.383 / 0.396 and the registers' form's 0.434-0.436 (16-row
-blocks of 2 stages: 0.394-0.437)."""
+WGMMA_DECODE_STAGES: Final = 2
+"""Ring stages of the decode row for experts of at least ``WGMMA_LARGE_EXPERT`` (then
+the form is ``WGMMA_TILES``'s). Mixtral M = 64 (16 pairs an expert), graph replay, ms,
+two routing draws on an H100 with the input through the ring (probe_mma_set25):
+2 stages 0.309 / 0.310 against 3 stages' 0.357 / 0.360 (3 stages there take 96 KB of
+shared memory for w13, two programs a multiprocessor). Before the input ring
+(probe_mma18 and 19, five draws): 3 stages 0.377-0.386 against 2 stages' 0.381-0.396,
+the words-in-registers form 0.434-0.436."""
 WGMMA_DECODE_SMALL_BLOCK: Final = 16
 """Row blocks of the decode row on the warpgroup kernel, but for experts of at least
 ``WGMMA_LARGE_EXPERT`` at 16 pairs (``wgmma_decode_row``; at 9-15 pairs:

@@ -164,8 +164,8 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
 @pytest.mark.parametrize(
     ("shape", "block_m", "stages", "split"),
     [
-        (MIXTRAL, 32, 3, 1),  # Mixtral M = 64: a large expert
-        ((2, 4096, 8192), 32, 3, 4),  # 2^25 weights exactly: the decode row's split
+        (MIXTRAL, 32, 2, 1),  # Mixtral M = 64: a large expert
+        ((2, 4096, 8192), 32, 2, 4),  # 2^25 weights exactly: the decode row's split
         ((2, 4096, 8191), 16, 2, 4),  # one column fewer: a smaller expert's form
         (QWEN3_235B, 16, 2, 1),  # Qwen3-235B M = 256
         ((128, 2048, 768), 16, 2, 1),  # Qwen3-30B-A3B M = 256
@@ -176,12 +176,14 @@ def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
     shape: tuple[int, int, int], block_m: int, stages: int, split: int
 ) -> None:
     """At ``WGMMA_DECODE_WIDE_PER_EXPERT`` pairs per expert: experts of at least
-    ``WGMMA_LARGE_EXPERT`` in 32-row blocks of a 3-stage ring, smaller ones in 16-row
-    blocks of ``WGMMA_TILES``; the decode row's w2 split, with PDL."""
+    ``WGMMA_LARGE_EXPERT`` in 32-row blocks, smaller ones in 16-row blocks, both of
+    ``WGMMA_TILES`` (2 stages, the input through the ring); the decode row's w2
+    split, with PDL."""
     experts, hidden, inter = shape
     pairs = 16 * experts
     got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
     form = attrs.evolve(mma_configs.WGMMA_TILES, num_stages=stages)
+    assert form.x_shared
     assert got == mma_configs.wgmma_decode_tiles(
         split=split, large=hidden * inter >= mma_configs.WGMMA_LARGE_EXPERT
     )
