@@ -44,8 +44,6 @@ from backends.triton._launch import (
     is_interpreting,
     launch_gemm,
     mma_target,
-    permute_k,
-    permuted_width,
     wgmma_target,
 )
 from backends.triton._launch_dequant import dequantize_experts
@@ -324,6 +322,26 @@ def _logical_inputs(
         and gemm_form(tiles.w13, w13, x_TD, block_m) != "triton"
     )
     return ring(tiles.w13, w13, d), in2
+
+
+def permuted_width(k: int, chunk: int) -> int:
+    """Columns of a K-permuted buffer: ``k`` rounded up to whole chunks."""
+    return -(-k // chunk) * chunk
+
+
+def permute_k(x_MK: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``x`` with each ``chunk`` of columns reordered: even columns, then odd ones.
+
+    The layout ``nibble_halves`` GEMMs read: an int4 byte's low nibble multiplies
+    column ``k0 + i`` and its high nibble ``k0 + chunk/2 + i``. The last chunk is
+    zero-padded to full width.
+    """
+    m, k = x_MK.shape
+    width = permuted_width(k, chunk)
+    if width != k:
+        x_MK = torch.nn.functional.pad(x_MK, (0, width - k))
+    chunks = x_MK.reshape(m, width // chunk, chunk // 2, 2)
+    return chunks.transpose(2, 3).reshape(m, width)
 
 
 def permute_logical(x_MK: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,9 @@ and PTX ``lop3`` / ``fma.rn.bf16x2``); no interpreter.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,  # emitted only for the warpgroup kernel's ring (X_LOGICAL)
+)
 
 from backends.triton._kernels import _activate, _grid_dependency
 from backends.triton._kernels_mma_setup import (

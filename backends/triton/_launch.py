@@ -209,9 +209,11 @@ def launch_gemm(
     ``MMA_BLOCK_M``, and with ``tiles.wgmma`` on Hopper (``wgmma_target``) the
     warpgroup-MMA ``_moe_gemm_wgmma_kernel`` (same arguments) for row blocks of
     ``WGMMA_BLOCK_M``; 8-row blocks
-    anywhere else are an error (the Triton kernel's dots need 16 rows). ``tiles.x_shared`` applies where the input's rows are whole
-    16-byte copies that Triton can see as such (``_whole_copies``); elsewhere the same
-    tiles load the input into registers.
+    anywhere else are an error (the Triton kernel's dots need 16 rows). On ``mma.sync`` tiles ``tiles.x_shared`` applies where the input's rows
+    are whole 16-byte copies that Triton can see as such (``_whole_copies``); elsewhere
+    the same tiles load the input into registers. On ``wgmma`` tiles it is ignored
+    here (``logical`` decides; where they fall back to ``mma.sync``, the input goes
+    through registers, as before the input ring).
 
     ``experts``: ``(lo, hi)``, the experts ``b`` holds (all, or a dequantized chunk);
     blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
@@ -245,7 +247,10 @@ def launch_gemm(
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
     form = gemm_form(tiles, b, a_MK, align.block_m)
     wgmma, mma = form == "wgmma", form == "mma"
-    _check_logical(logical, form, tiles, k)
+    plain_out = n % 128 or perm_out or (w13 and tiles.split_k > 1)
+    _check_logical(
+        logical, form, tiles, k=k, copies=_whole_copies(a_MK, k), plain_out=plain_out
+    )
     if tiles.mma and not (mma or wgmma):
         _check_triton_rows(align.block_m, a_MK, words=words)
     args = (
@@ -294,6 +299,8 @@ def _launch_gluon(
     x_ring: bool,
 ) -> None:
     """Launch ``launch_gemm``'s arguments on a Gluon kernel: warpgroup MMA or mma.sync."""
+    if x_ring and not (wgmma and tiles.num_stages > 1):
+        raise ValueError("_launch_gluon: x_ring needs the warpgroup kernel and a ring")
     if wgmma:
         from backends.triton._kernels_wgmma import _moe_gemm_wgmma_kernel
 
@@ -307,7 +314,8 @@ def _launch_gluon(
 
     _moe_gemm_mma_kernel[grid](
         *args, **meta, STAGES=tiles.num_stages, COPY_STEPS=tiles.copy_steps,
-        K32=k % 32 == 0, X_SHARED=tiles.x_shared and _whole_copies(a_MK, k),
+        K32=k % 32 == 0,
+        X_SHARED=tiles.x_shared and not tiles.wgmma and _whole_copies(a_MK, k),
     )  # fmt: skip
 
 
@@ -322,19 +330,35 @@ def gemm_form(tiles: GemmTiles, b: ExpertMatrix, a: torch.Tensor, block_m: int) 
 
 
 def _check_logical(
-    logical: tuple[bool, bool], form: str, tiles: GemmTiles, k: int
+    logical: tuple[bool, bool],
+    form: str,
+    tiles: GemmTiles,
+    *,
+    k: int,
+    copies: bool,
+    plain_out: object,
 ) -> None:
-    """``launch_gemm``'s ``logical`` against the kernel that runs (``gemm_form``)."""
+    """``launch_gemm``'s ``logical`` against the kernel that runs (``gemm_form``).
+
+    ``copies``: the input's rows are whole 16-byte copies (``_whole_copies``);
+    ``plain_out``: truthy where the output must stay in real order (N not whole
+    128-column steps, a ``perm_out``, or a K-split w13's partials, which
+    ``launch_activate`` reads as they are).
+    """
     x_ring, out = logical
-    if x_ring and (form != "wgmma" or tiles.num_stages < 2 or k % 128):
+    if x_ring and (form != "wgmma" or tiles.num_stages < 2 or k % 128 or not copies):
         msg = (
             "launch_gemm: a logical-order input needs the warpgroup kernel with a "
-            f"ring and K % 128 == 0, got form {form!r}, "
-            f"num_stages={tiles.num_stages}, K={k}"
+            "ring, K % 128 == 0 and rows of whole 16-byte copies, got form "
+            f"{form!r}, num_stages={tiles.num_stages}, K={k}, whole copies {copies}"
         )
         raise ValueError(msg)
-    if out and form == "triton":
-        raise ValueError("launch_gemm: a logical-order output needs a Gluon kernel")
+    if out and (form == "triton" or plain_out):
+        msg = (
+            "launch_gemm: a logical-order output needs a Gluon kernel, N % 128 == 0, "
+            f"no perm_out and no K-split w13, got form {form!r}"
+        )
+        raise ValueError(msg)
 
 
 def _check_triton_rows(block_m: int, a_MK: torch.Tensor, *, words: bool) -> None:
@@ -464,23 +488,3 @@ def int4_words_fit(b: ExpertMatrix) -> bool:
     to 4 bytes; else the GEMM dequantizes the tile byte by byte.
     """
     return b.words_fit
-
-
-def permuted_width(k: int, chunk: int) -> int:
-    """Columns of a K-permuted buffer: ``k`` rounded up to whole chunks."""
-    return -(-k // chunk) * chunk
-
-
-def permute_k(x_MK: torch.Tensor, chunk: int) -> torch.Tensor:
-    """``x`` with each ``chunk`` of columns reordered: even columns, then odd ones.
-
-    The layout ``nibble_halves`` GEMMs read: an int4 byte's low nibble multiplies
-    column ``k0 + i`` and its high nibble ``k0 + chunk/2 + i``. The last chunk is
-    zero-padded to full width.
-    """
-    m, k = x_MK.shape
-    width = permuted_width(k, chunk)
-    if width != k:
-        x_MK = torch.nn.functional.pad(x_MK, (0, width - k))
-    chunks = x_MK.reshape(m, width // chunk, chunk // 2, 2)
-    return chunks.transpose(2, 3).reshape(m, width)

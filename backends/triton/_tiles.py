@@ -74,7 +74,7 @@ class GemmTiles:
             input is then w13's output written so, w13's ``permute_logical(x)``);
             elsewhere the warpgroup kernel stores each step's activation from
             registers into its own two shared slots. Off Hopper the ``mma.sync``
-            kernel takes the same tiles.
+            kernel takes the same tiles, its input through registers.
     """
 
     block_n: int

@@ -15,7 +15,9 @@ import backends.triton._launch as launch_module
 from backends.triton._configs import DEQUANT_PAIRS_PER_EXPERT, GEMV_BY_DEFAULT
 from backends.triton._fused import (
     _logical_inputs,
+    permute_k,
     permute_logical,
+    permuted_width,
     use_dequant,
     use_gemv,
 )
@@ -23,8 +25,6 @@ from backends.triton._launch import (
     ExpertMatrix,
     _whole_copies,
     int4_words_fit,
-    permute_k,
-    permuted_width,
 )
 from backends.triton._launch_gemv import gemv_loop_stages, tma_fit
 from backends.triton._tiles import GemmTiles, GemvTiles, MoETiles

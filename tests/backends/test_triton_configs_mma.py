@@ -162,18 +162,18 @@ def test_hopper_takes_the_warpgroup_kernel_where_it_was_faster(
 
 
 @pytest.mark.parametrize(
-    ("shape", "block_m", "stages", "split"),
+    ("shape", "block_m", "split"),
     [
-        (MIXTRAL, 32, 2, 1),  # Mixtral M = 64: a large expert
-        ((2, 4096, 8192), 32, 2, 4),  # 2^25 weights exactly: the decode row's split
-        ((2, 4096, 8191), 16, 2, 4),  # one column fewer: a smaller expert's form
-        (QWEN3_235B, 16, 2, 1),  # Qwen3-235B M = 256
-        ((128, 2048, 768), 16, 2, 1),  # Qwen3-30B-A3B M = 256
-        ((256, 7168, 2048), 16, 2, 1),  # DeepSeek-V3 M = 512
+        (MIXTRAL, 32, 1),  # Mixtral M = 64: a large expert
+        ((2, 4096, 8192), 32, 4),  # 2^25 weights exactly: the decode row's split
+        ((2, 4096, 8191), 16, 4),  # one column fewer: a smaller expert's form
+        (QWEN3_235B, 16, 1),  # Qwen3-235B M = 256
+        ((128, 2048, 768), 16, 1),  # Qwen3-30B-A3B M = 256
+        ((256, 7168, 2048), 16, 1),  # DeepSeek-V3 M = 512
     ],
 )
 def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
-    shape: tuple[int, int, int], block_m: int, stages: int, split: int
+    shape: tuple[int, int, int], block_m: int, split: int
 ) -> None:
     """At ``WGMMA_DECODE_WIDE_PER_EXPERT`` pairs per expert: experts of at least
     ``WGMMA_LARGE_EXPERT`` in 32-row blocks, smaller ones in 16-row blocks, both of
@@ -182,8 +182,8 @@ def test_hopper_decode_row_at_16_pairs_takes_the_warpgroup_kernel(
     experts, hidden, inter = shape
     pairs = 16 * experts
     got = _with(pairs, experts, hidden, inter, mma=True, wgmma=True)
-    form = attrs.evolve(mma_configs.WGMMA_TILES, num_stages=stages)
-    assert form.x_shared
+    form = mma_configs.WGMMA_TILES  # 2 stages of 2-step groups, the input ring
+    assert (form.num_stages, form.copy_steps, form.x_shared) == (2, 2, True)
     assert got == mma_configs.wgmma_decode_tiles(
         split=split, large=hidden * inter >= mma_configs.WGMMA_LARGE_EXPERT
     )

@@ -398,7 +398,7 @@ PDL_CASES = {
         (8, 2, 4096, 14336, 64),
         MoETiles(block_m=32, w13=WGMMA, w2=attrs.evolve(WGMMA, split_k=2)),
     ),
-    "wgmma-the-table's-mixtral-m64": (  # Hopper's decode row there: 3-stage ring
+    "wgmma-the-table's-mixtral-m64": (  # Hopper's decode row there: the input ring
         (8, 2, 4096, 14336, 64),
         attrs.evolve(wgmma_decode_tiles(split=1, large=True), pdl=False),
     ),

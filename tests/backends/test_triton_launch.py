@@ -55,17 +55,23 @@ def test_warpgroup_launch_passes_the_ring_and_overlaps_only_without_one(
         int4_words=True, mma=True, wgmma=True, copy_steps=copy_steps,
     )  # fmt: skip
     x = torch.empty(1, 8)
+    ring = stages > 1  # the input ring takes a ring of words
     for k in (4096, 328):
         launch._launch_gluon(
-            (1, 1, 1), (), {}, tiles, x, k=k, wgmma=True, x_ring=k == 4096
+            (1, 1, 1), (), {}, tiles, x, k=k, wgmma=True, x_ring=ring and k == 4096
         )
     first, second = recorder.meta
     assert first == {
         "ASYNC": want_async, "STAGES": stages, "COPY_STEPS": copy_steps, "K32": True,
-        "X_RING": True,
+        "X_RING": ring,
     }  # fmt: skip
     assert second["K32"] is False  # K % 32 != 0: 8-byte word copies
     assert second["X_RING"] is False
+    if not ring:
+        with pytest.raises(ValueError, match=r"x_ring needs the warpgroup kernel and"):
+            launch._launch_gluon(
+                (1, 1, 1), (), {}, tiles, x, k=4096, wgmma=True, x_ring=True
+            )
 
 
 RING = GemmTiles(
@@ -75,32 +81,72 @@ RING = GemmTiles(
 
 
 @pytest.mark.parametrize(
-    ("logical", "form", "stages", "k", "error"),
+    ("logical", "form", "stages", "k", "copies", "plain_out", "error"),
     [
-        ((True, False), "wgmma", 3, 4096, None),
-        ((True, True), "wgmma", 2, 1536, None),
-        ((False, True), "mma", 3, 4096, None),
-        ((False, False), "triton", 3, 328, None),
-        ((True, False), "mma", 3, 4096, r"form 'mma', num_stages=3, K=4096"),
-        ((True, False), "wgmma", 1, 4096, r"form 'wgmma', num_stages=1, K=4096"),
-        ((True, False), "wgmma", 3, 4160, r"num_stages=3, K=4160"),
-        ((False, True), "triton", 3, 4096, r"logical-order output needs a Gluon"),
+        ((True, False), "wgmma", 3, 4096, True, True, None),
+        ((True, True), "wgmma", 2, 1536, True, False, None),
+        ((False, True), "mma", 3, 4096, False, False, None),
+        ((False, False), "triton", 3, 328, False, True, None),
+        (
+            (True, False),
+            "mma",
+            3,
+            4096,
+            True,
+            False,
+            r"form 'mma', num_stages=3, K=4096",
+        ),
+        (
+            (True, False),
+            "wgmma",
+            1,
+            4096,
+            True,
+            False,
+            r"'wgmma', num_stages=1, K=4096",
+        ),
+        ((True, False), "wgmma", 3, 4160, True, False, r"num_stages=3, K=4160"),
+        ((True, False), "wgmma", 3, 4096, False, False, r"whole copies False"),
+        ((False, True), "triton", 3, 4096, True, False, r"output needs a Gluon kernel"),
+        (
+            (False, True),
+            "wgmma",
+            3,
+            4096,
+            True,
+            True,
+            r"no K-split w13, got form 'wgmma'",
+        ),
     ],
 )
 def test_logical_order_only_where_the_kernel_that_runs_can(
-    logical: tuple[bool, bool], form: str, stages: int, k: int, error: str | None
+    logical: tuple[bool, bool],
+    form: str,
+    stages: int,
+    k: int,
+    copies: bool,
+    plain_out: bool,
+    error: str | None,
 ) -> None:
     """A logical-order input is copied as it is by the warpgroup kernel's ring alone,
-    on whole 128-column steps; only the Gluon kernels write a logical-order output."""
+    on whole 128-column steps of whole 16-byte copies; only the Gluon kernels write a
+    logical-order output, and only where it may leave real order (``plain_out``: N
+    not whole steps, a ``perm_out``, a K-split w13's partials)."""
     tiles = GemmTiles(
         block_n=64, block_k=128, num_warps=4, num_stages=stages, swap_ab=True,
         int4_words=True, mma=True, wgmma=True, copy_steps=1,
     )  # fmt: skip
+
+    def check() -> None:
+        launch._check_logical(
+            logical, form, tiles, k=k, copies=copies, plain_out=plain_out
+        )
+
     if error is None:
-        launch._check_logical(logical, form, tiles, k)
+        check()
         return
     with pytest.raises(ValueError, match=error):
-        launch._check_logical(logical, form, tiles, k)
+        check()
 
 
 def test_gemm_form_follows_the_tiles_the_device_and_the_row_block(

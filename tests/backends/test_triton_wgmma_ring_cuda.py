@@ -5,7 +5,8 @@ written in logical K order (``LOGICAL_OUT``), w13's is ``permute_logical(x)``, a
 each step's ``(block_m, 128)`` tile is copied as it is into a ring slot that the
 tensor cores read. The MMAs then meet the same 16-bit values in the same order as
 with the activation stored from registers, so the outputs must equal that form's bit
-for bit; each case also checks the oracle and which form ran (a spy on the launch).
+for bit; each case also checks the oracle, and all but the graph case which form ran
+(a spy on the launch).
 Off Hopper the same tiles run ``mma.sync``, and the checks are against the oracle only.
 Shape legend as in test_triton_cuda.py.
 """
@@ -40,7 +41,8 @@ RING = GemmTiles(
     block_n=64, block_k=128, num_warps=4, num_stages=3, swap_ab=True,
     int4_words=True, mma=True, wgmma=True, copy_steps=2,
 )  # fmt: skip
-"""The table's warpgroup ring (64 x 128 tiles of 4 warps), the input in registers."""
+"""A warpgroup ring of 64 x 128 tiles of 4 warps (3 stages; the table's has 2), the
+input in registers: the cases set ``x_shared`` and the depths they need."""
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool, bool]]:
@@ -138,14 +140,18 @@ def test_input_ring_equals_the_register_form(
 @pytest.mark.parametrize(
     "scheme", [SCHEMES[2], SCHEMES[6], SCHEMES[9]], ids=lambda s: s.name
 )
-def test_input_ring_schemes_and_dtypes(scheme: Int4Scheme, dtype: torch.dtype) -> None:
+def test_input_ring_schemes_and_dtypes(
+    monkeypatch: pytest.MonkeyPatch, scheme: Int4Scheme, dtype: torch.dtype
+) -> None:
     """Zero points, group sizes and fp16 through the ring form (both GEMMs)."""
     ring = attrs.evolve(RING, x_shared=True)
     tiles = MoETiles(block_m=32, w13=ring, w2=ring)
+    calls = _spy(monkeypatch)
     out, base, expected = _forward((16, 4, 1536, 640, 96), scheme, dtype, tiles, seed=5)
     assert rel_l2(expected, out) < REL_L2_VS_ORACLE[dtype]
     if _hopper():
         assert torch.equal(out, base)
+        assert calls[:2] == [(True, True, True), (True, True, False)]
 
 
 @pytest.mark.parametrize(
@@ -193,17 +199,21 @@ def test_input_ring_falls_back_where_it_cannot(
 
 
 def test_input_ring_at_mixtral_m64_replays_and_makes_no_host_sync() -> None:
-    """The table's Mixtral M = 64 row with the input ring on both GEMMs: eager and
-    CUDA-graph replays over fresh inputs and routings equal, bit for bit, the table's
-    own form; and a forward makes no host synchronization."""
-    table = attrs.evolve(wgmma_decode_tiles(split=1, large=True), pdl=True)
-    ring = attrs.evolve(
-        table,
-        w13=attrs.evolve(table.w13, x_shared=True),
-        w2=attrs.evolve(table.w2, x_shared=True),
+    """The table's Mixtral M = 64 row (the input ring on both GEMMs, PDL): eager and
+    CUDA-graph replays over fresh inputs and routings equal, bit for bit, the same
+    tiles with the input through registers; and a forward makes no host
+    synchronization."""
+    ring = wgmma_decode_tiles(split=1, large=True)
+    assert (ring.pdl, ring.w13.x_shared, ring.w2.x_shared) == (True, True, True)
+    registers = attrs.evolve(
+        ring,
+        w13=attrs.evolve(ring.w13, x_shared=False),
+        w2=attrs.evolve(ring.w2, x_shared=False),
     )
     size = (8, 2, 4096, 14336, 64)
-    assert_same_outputs(size, SCHEMES[0], ring, table, seed=6, forwards=4, drop=True)
+    assert_same_outputs(
+        size, SCHEMES[0], ring, registers, seed=6, forwards=4, drop=True
+    )
     e, k, d, f, t = size
     config = MoEConfig(num_experts=e, top_k=k, hidden_size=d, intermediate_size=f)
     weights = int4_weights(
