@@ -28,10 +28,10 @@ blocks, each MMA waited for (``_launch.WGMMA_ASYNC``), the words through a 2-sta
 cp.async ring of 2-step copy groups, and with them the input in logical K order
 (``x_shared``: where K is whole 128-column steps, and for w2 where w13 is unsplit on
 a Gluon kernel; else, and on the dequant and nibble-halves paths, through registers:
-``_fused._logical_inputs``). The input
-ring measured on an H100 (bench/sweeps/probe_mma_set25_h100.log; ms, graph replay at
-M <= 64, eager above, against the same tiles with the input through registers):
-Mixtral M = 36 / 64 / 128 / 256 0.317 / 0.309 / 0.442 / 0.712 against 0.333 / 0.381
+``_fused._logical_inputs``). The input ring measured on an H100
+(bench/sweeps/probe_mma_set25_h100.log; ms, graph replay at M <= 64, eager above,
+against the same tiles with the input through registers): Mixtral M = 36 / 64 / 128 /
+256 0.317 / 0.309 / 0.442 / 0.712 (0.807 in a second timing) against 0.333 / 0.381
 (the 3-stage form then in the table) / 0.553 / 0.837, Qwen3-235B M = 256 0.618
 against 0.667, Qwen3-30B-A3B M = 256 0.189 against 0.202, DeepSeek-V3 M = 288 2.49
 against 2.56. Nsight Compute had shown the registers' form waiting on each step's
@@ -108,8 +108,8 @@ M <= 64, eager above, ms, two routing draws at Mixtral, one elsewhere): 18-24% l
 time but for one Mixtral M = 60 draw (9%). Mixtral M = 36 / 48 / 60 (9,
 12, 15 pairs an expert) 0.329 / 0.322 / 0.392 and 0.332 / 0.322 / 0.338 against
 0.414 / 0.412 / 0.432 and 0.417 / 0.416 / 0.444 (32-row blocks of 3 stages, the form
-then at 16 pairs, 0.364-0.378; all before the input ring); DeepSeek-V3 M = 288 / 384 / 480 2.50 / 2.66 / 3.01 against
-3.30 / 3.45 / 3.68. Smaller experts keep the ``mma.sync`` row with the input through
+then at 16 pairs, 0.364-0.378; all before the input ring); DeepSeek-V3 M = 288 / 384 /
+480 2.50 / 2.66 / 3.01 against 3.30 / 3.45 / 3.68. Smaller experts keep the ``mma.sync`` row with the input through
 the ring (Qwen3-235B M = 144 / 192 / 240 0.542 / 0.566 / 0.623 on the warpgroup kernel
 against 0.535 / 0.567 / 0.659, Qwen3-30B-A3B 0.166 / 0.181 / 0.190 against 0.163 /
 0.176 / 0.192: from 3% behind to 5% ahead, eager, one draw each, where the table run

@@ -208,12 +208,12 @@ def launch_gemm(
     (same arguments) where words fit, ``mma_target`` holds and the row block is one of
     ``MMA_BLOCK_M``, and with ``tiles.wgmma`` on Hopper (``wgmma_target``) the
     warpgroup-MMA ``_moe_gemm_wgmma_kernel`` (same arguments) for row blocks of
-    ``WGMMA_BLOCK_M``; 8-row blocks
-    anywhere else are an error (the Triton kernel's dots need 16 rows). On ``mma.sync`` tiles ``tiles.x_shared`` applies where the input's rows
-    are whole 16-byte copies that Triton can see as such (``_whole_copies``); elsewhere
-    the same tiles load the input into registers. On ``wgmma`` tiles it is ignored
-    here (``logical`` decides; where they fall back to ``mma.sync``, the input goes
-    through registers, as before the input ring).
+    ``WGMMA_BLOCK_M``; 8-row blocks anywhere else are an error (the Triton kernel's
+    dots need 16 rows). On ``mma.sync`` tiles ``tiles.x_shared`` applies where the
+    input's rows are whole 16-byte copies that Triton can see as such
+    (``_whole_copies``); elsewhere the same tiles load the input into registers. On
+    ``wgmma`` tiles it is ignored here (``logical`` decides; where they fall back to
+    ``mma.sync``, the input goes through registers, as before the input ring).
 
     ``experts``: ``(lo, hi)``, the experts ``b`` holds (all, or a dequantized chunk);
     blocks of other experts are skipped. With ``tiles.nibble_halves`` and int4
