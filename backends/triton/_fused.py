@@ -311,17 +311,14 @@ def _logical_inputs(
     w13's output written so (w13 unsplit, on a Gluon kernel).
     """
     block_m, f, d = tiles.block_m, int(w13.data.shape[1]) // 2, int(x_TD.shape[1])
+    form13 = gemm_form(tiles.w13, w13, x_TD, block_m)
 
-    def ring(t: GemmTiles, b: ExpertMatrix, k: int) -> bool:
-        form = gemm_form(t, b, x_TD, block_m)
+    def ring(t: GemmTiles, form: str, k: int) -> bool:
         return t.x_shared and form == "wgmma" and t.num_stages > 1 and k % 128 == 0
 
-    in2 = (
-        ring(tiles.w2, w2, f)
-        and tiles.w13.split_k == 1
-        and gemm_form(tiles.w13, w13, x_TD, block_m) != "triton"
-    )
-    return ring(tiles.w13, w13, d), in2
+    form2 = gemm_form(tiles.w2, w2, x_TD, block_m)
+    in2 = ring(tiles.w2, form2, f) and tiles.w13.split_k == 1 and form13 != "triton"
+    return ring(tiles.w13, form13, d), in2
 
 
 def permuted_width(k: int, chunk: int) -> int:

@@ -247,10 +247,10 @@ def launch_gemm(
     grid = (align.max_blocks * ceil_div(n, tiles.block_n), 1, tiles.split_k)
     form = gemm_form(tiles, b, a_MK, align.block_m)
     wgmma, mma = form == "wgmma", form == "mma"
-    plain_out = n % 128 or perm_out or (w13 and tiles.split_k > 1)
-    _check_logical(
-        logical, form, tiles, k=k, copies=_whole_copies(a_MK, k), plain_out=plain_out
-    )
+    if any(logical):  # the checks' tensor queries only where asked
+        plain_out = n % 128 or perm_out or (w13 and tiles.split_k > 1)
+        copies = _whole_copies(a_MK, k)
+        _check_logical(logical, form, tiles, k=k, copies=copies, plain_out=plain_out)
     if tiles.mma and not (mma or wgmma):
         _check_triton_rows(align.block_m, a_MK, words=words)
     args = (
