@@ -45,6 +45,8 @@
 # (GemmTiles.x_shared): its CUDA tests, then probe_mma.py PROBE_SET 25, logs in $OUT;
 # "xring2": the table with it (those tests, the warpgroup / PDL variants, the w4a16
 # tests of test_triton_cuda.py in three jobs), then PROBE_SET 25 at M >= 512.
+# "record": the benchmark (copied to $OUT), then the ring tests, the variants file's
+# K-tail cases at per-row groups and the graph / sync tests, one log in $OUT.
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -287,6 +289,15 @@ if [ "$mode" = "xring2" ]; then  # the table with the input ring: tests, PROBE_S
   probe h 512,1024 120 deepseek-v3
   probe i 36,64 60 mixtral-8x7b
   grep -h "M=\|FAIL" "$out"/probe_mma_set25*.log
+  exit $status
+fi
+if [ "$mode" = "record" ]; then  # the benchmark, then what 4510000 left unrun on a GPU
+  bench_out 330
+  job_s=230
+  run q1 tests/backends/test_triton_wgmma_ring_cuda.py &
+  run q2 tests/backends/test_triton_gemm_variants_cuda.py -k "k_not_a_multiple_of_32 and g-1-" &
+  run q3 tests/backends/test_triton_cuda.py -k "graph or sync" &
+  gather record_suite.log q1 q2 q3
   exit $status
 fi
 if [ "$mode" = "profile" ]; then  # an H200: the benchmark first; then Nsight Compute
