@@ -67,6 +67,8 @@ VARIANTS: list[tuple[str, Kernel, int, bool, int, int | None]] = [
     ("paired 16x512 tma 3", _moe_gemv_pairs_kernel, 16, False, 1, 3),
     ("paired 8x512 tma 3 int", _moe_gemv_pairs_kernel, 8, False, 1, 3),
     ("paired 16x512 tma 3 int", _moe_gemv_pairs_kernel, 16, False, 1, 3),
+    ("paired 8x512 tma 3 xahead int", _moe_gemv_pairs_kernel, 8, False, 1, 3),
+    ("paired 16x512 tma 3 xahead int", _moe_gemv_pairs_kernel, 16, False, 1, 3),
 ]
 GROUP = 128
 MMA_VARIANTS = [  # (block_m, stages, group, copy_steps): the table's, then others measured
@@ -115,11 +117,13 @@ def compile_gemv(
     warps: int,
     tma: int | None = None,
     int_dot: bool = False,
+    x_ahead: bool = False,
 ) -> CompiledKernel:
     """The kernel compiled for sm_90 with 512-column steps.
 
     ``tma``: the paired kernel's TMA reads, pipelined this many stages deep;
-    ``int_dot``: its integer products (``GemvTiles.int_dot``).
+    ``int_dot``: its integer products (``GemvTiles.int_dot``); ``x_ahead``: its
+    inputs, scales and zero points a step ahead (``GemvTiles.inputs_ahead``).
     """
     params = list(inspect.signature(kernel.fn).parameters)
     constants = {
@@ -127,7 +131,7 @@ def compile_gemv(
         "ACT": 0, "WEIGHT_ROWS": False, "HAS_BIAS": False, "BLOCK_N": block_n,
         "BLOCK_K": 512, "EVEN": True, "PREFETCH": prefetch, "LOOP_STAGES": tma,
         "ASM": True, "NG": 4, "PDL_WAIT": False, "PDL_NEXT": False,
-        "TMA": tma is not None, "INT_DOT": int_dot,
+        "TMA": tma is not None, "INT_DOT": int_dot, "X_AHEAD": x_ahead,
     }  # fmt: skip
     if tma is None:
         constants["w_desc"] = None
@@ -245,7 +249,7 @@ def main() -> None:
         for gated in (True, False):
             compiled = compile_gemv(
                 kernel, gated=gated, block_n=block_n, prefetch=prefetch, warps=warps,
-                tma=tma, int_dot=label.endswith(" int"),
+                tma=tma, int_dot=label.endswith(" int"), x_ahead="xahead" in label,
             )  # fmt: skip
             name = f"{label} {'w13 gated' if gated else 'w2'}"
             print(f"{name:30s} {describe(compiled)}", flush=True)

@@ -47,6 +47,9 @@
 # tests of test_triton_cuda.py in three jobs), then PROBE_SET 25 at M >= 512.
 # "record": the benchmark (copied to $OUT), then the ring tests, the variants file's
 # K-tail cases at per-row groups and the graph / sync tests, one log in $OUT.
+# "ahead": on an H200 the benchmark (copied to $OUT); then bench/probe_int_dot.py
+# PROBE_SET 6 (GemvTiles.inputs_ahead) at M = 1 and 4 on two routing draws; on other
+# GPUs then the inputs_ahead GEMV tests with record's, one log in $OUT.
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -298,6 +301,22 @@ if [ "$mode" = "record" ]; then  # the benchmark, then what 4510000 left unrun o
   run q2 tests/backends/test_triton_gemm_variants_cuda.py -k "k_not_a_multiple_of_32 and g-1-" &
   run q3 tests/backends/test_triton_cuda.py -k "graph or sync" &
   gather record_suite.log q1 q2 q3
+  exit $status
+fi
+if [ "$mode" = "ahead" ]; then  # the GEMV's inputs a step ahead (PROBE_SET 6), tests
+  h200=0
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && h200=1
+  [ $h200 = 1 ] && bench_out 300
+  PROBE_SET=6 PROBE_M=1,4 PROBE_ROUTES=2 timeout 200 python bench/probe_int_dot.py \
+    > "$out/probe_int_dot_set6.log" 2>&1 || status=1
+  grep -h "M=\|Error\|error" "$out/probe_int_dot_set6.log" | tail -80
+  [ $h200 = 1 ] && exit $status
+  job_s=210
+  run a1 tests/backends/test_triton_gemv_cuda.py -k inputs_ahead &
+  run a2 tests/backends/test_triton_wgmma_ring_cuda.py &
+  run a3 tests/backends/test_triton_gemm_variants_cuda.py -k "k_not_a_multiple_of_32 and g-1-" &
+  run a4 tests/backends/test_triton_cuda.py -k "graph or sync" &
+  gather ahead_suite.log a1 a2 a3 a4
   exit $status
 fi
 if [ "$mode" = "profile" ]; then  # an H200: the benchmark first; then Nsight Compute

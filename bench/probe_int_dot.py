@@ -11,7 +11,11 @@ w13 in 16-row tiles; each output is checked against the float32 reference first
 its ``gemv table`` row the float16 one.) ``PROBE_SET=2``: the table (now with
 integer products) against other tiles around it (``tile_variants``); ``PROBE_SET=3``:
 the table (``auto``, before and after) against its GEMV forced (``gemv``), for the
-decode rule (``use_gemv``); ``PROBE_ROUTES=n``: n routing draws a cell.
+decode rule (``use_gemv``); ``PROBE_SET=6``: the table's GEMV tiles against the
+same with their inputs, scales and zero points a step ahead (``GemvTiles.inputs_ahead``)
+on both GEMVs, on w13 alone and on w2 alone, each twice, alternating (tiles that load
+everything ahead, ``prefetch``, keep their form); ``PROBE_ROUTES=n``: n routing draws a
+cell.
 """
 
 # ruff: noqa: D103
@@ -64,10 +68,32 @@ def tile_variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | No
     }
 
 
+def ahead_variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
+    """``PROBE_SET=6``: the table's GEMV tiles with and without ``inputs_ahead``."""
+    w2 = attrs.evolve(table.w2_tiles or table, w2_tiles=None)
+    base = attrs.evolve(table, w2_tiles=w2)
+
+    def ahead(tiles: GemvTiles) -> GemvTiles:
+        return tiles if tiles.prefetch else attrs.evolve(tiles, inputs_ahead=True)
+
+    gemv = {
+        "gemv table": base,
+        "ahead both": attrs.evolve(ahead(base), w2_tiles=ahead(w2)),
+        "ahead w13": ahead(base),
+        "ahead w2": attrs.evolve(base, w2_tiles=ahead(w2)),
+    }
+    runs: dict[str, tuple[FusedPath, GemvTiles | None]] = {"auto": ("auto", None)}
+    for again in ("", " again"):
+        runs |= {key + again: ("gemv", tiles) for key, tiles in gemv.items()}
+    return runs
+
+
 def variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
     """The probe's variants of the table's GEMV tiles ``table``."""
     if os.environ.get("PROBE_SET") == "2":
         return tile_variants(table)
+    if os.environ.get("PROBE_SET") == "6":
+        return ahead_variants(table)
     if os.environ.get("PROBE_SET") == "3":  # the decode rule: table against GEMV
         return {
             "auto": ("auto", None),

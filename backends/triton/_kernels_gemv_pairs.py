@@ -17,17 +17,22 @@ import triton.language as tl
 from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_ints import _int_pair_math
+from backends.triton._kernels_gemv_pair_loads import (
+    _ahead_loads,
+    _f32_planes,
+    _pair_cols,
+    _pair_loads,
+    _pair_params,
+)
 from backends.triton._kernels_gemv_words import (
     _ASM_HEAD,
     _ASM_TAIL,
     _codes_asm,
-    _group_params,
     _half2,
     _half_bits,
     _products_asm,
     _step_scale,
     _word_dot,
-    _x_plane,
 )
 
 _HALF2_PAIR_ASM = tl.constexpr(
@@ -70,110 +75,6 @@ def _pair_dot(
         t = _word_dot(wa, z, a0, a1, a2, a3, a4, a5, a6, a7, ASM)
         t += _word_dot(wb, z, b0, b1, b2, b3, b4, b5, b6, b7, ASM)
     return t
-
-
-@triton.jit
-def _tma_words(
-    w_desc, row, k0, BLOCK_N: tl.constexpr, BW: tl.constexpr, HALF: tl.constexpr
-):
-    """A step's ``wa`` and ``wb`` tiles of ``BLOCK_N`` rows from ``row`` on, by TMA.
-
-    ``w_desc`` views the words as ``[rows, K / 8]``, blocks ``[BLOCK_N, BW]`` (the
-    step's whole rows, one bulk copy); the tile splits in registers into the first
-    ``HALF`` words of each run of ``2 HALF`` (``wa``, ``_pair_loads``) and the second
-    (``wb``). Rows past the tensor and words past ``K`` read zeros. (A 4-D view with a
-    copy per half, ``HALF`` words a row, needed no split but ran 1.04-1.28x slower.)
-    """
-    row = tl.cast(row, tl.int32)  # descriptor offsets are int32
-    col = tl.cast(k0 // 8, tl.int32)
-    w = w_desc.load([row, col])
-    w = tl.reshape(w, [BLOCK_N, BW // (2 * HALF), 2, HALF])
-    w = tl.permute(w, (0, 1, 3, 2))
-    wa, wb = tl.split(tl.reshape(w, [BLOCK_N, BW // 2, 2]))
-    return wa, wb
-
-
-@triton.jit
-def _pair_loads(
-    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
-    w_desc, row_tma, up_tma,
-    GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    GATED: tl.constexpr, HAS_ZP: tl.constexpr, PREFETCH: tl.constexpr,
-    TMA: tl.constexpr,
-):  # fmt: skip
-    """``_word_loads`` of the paired kernel: a step's words as two ``[BN, BW / 2]`` tiles.
-
-    Element ``i`` of the two is word ``wa(i)`` and ``wa(i) + HALF`` of the step, the
-    two halves of one group's (or, steps within a group, of the step's) words::
-
-        HALF = BW / 2 if BLOCK_K <= GROUP else GROUP / 16
-        wa(i) = (i // HALF) * 2 HALF + i % HALF
-
-    ``TMA``: the words come through ``w_desc`` (``_tma_words``; rows ``row_tma`` and
-    ``up_tma`` of its first dimension), unmasked: rows past ``N`` are dropped at the
-    store, and words past ``k_hi`` meet zero inputs (the input planes keep their
-    masks). Returns the words (a, b; up a, up b), scales and zero points (gate, up;
-    one per element, shared by a and b) and the 8 input planes of a, then of b.
-    """
-    BW: tl.constexpr = BLOCK_K // 8
-    WG: tl.constexpr = GROUP // 8
-    HALF: tl.constexpr = BW // 2 if BLOCK_K <= GROUP else WG // 2
-    wa = tl.multiple_of(k0 // 8, BW) + (offs_i // HALF) * (2 * HALF) + offs_i % HALF
-    wb = wa + HALF
-    row_mask = n_mask[:, None]
-    if PREFETCH:
-        row_mask = row_mask & (k0 < k_hi)
-    if EVEN:
-        a_mask = offs_i < BW // 2
-        if PREFETCH:
-            a_mask = a_mask & (k0 < k_hi)
-        b_mask = a_mask
-        wa_mask = row_mask
-        wb_mask = row_mask
-    else:
-        a_mask = wa < k_hi // 8
-        b_mask = wb < k_hi // 8
-        wa_mask = row_mask & a_mask[None, :]
-        wb_mask = row_mask & b_mask[None, :]
-    if BLOCK_K <= GROUP:  # one group per step
-        g_col = tl.zeros([1, 1], dtype=tl.int32) + k0 // GROUP
-        s_mask = row_mask
-    else:
-        g_col = (wa // WG)[None, :]
-        s_mask = wa_mask
-    BN: tl.constexpr = n_mask.shape[0]
-    if TMA:
-        words_a, words_b = _tma_words(w_desc, row_tma, k0, BN, BW, HALF)
-    else:
-        words_a = tl.load(w_e + rows * stride_wn + wa[None, :], mask=wa_mask, other=0)
-        words_b = tl.load(w_e + rows * stride_wn + wb[None, :], mask=wb_mask, other=0)
-    s, z = _group_params(s_e, z_e, rows, g_col, s_mask, stride_sn, HAS_ZP)
-    up_a = words_a
-    up_b = words_b
-    s_up = s
-    z_up = z
-    if GATED:
-        if TMA:
-            up_a, up_b = _tma_words(w_desc, up_tma, k0, BN, BW, HALF)
-        else:
-            up_a = tl.load(
-                w_e + up_rows * stride_wn + wa[None, :], mask=wa_mask, other=0
-            )
-            up_b = tl.load(
-                w_e + up_rows * stride_wn + wb[None, :], mask=wb_mask, other=0
-            )
-        s_up, z_up = _group_params(s_e, z_e, up_rows, g_col, s_mask, stride_sn, HAS_ZP)
-    return (
-        words_a, words_b, up_a, up_b, s, s_up, z, z_up,
-        _x_plane(x_ptr, wa, a_mask, 0), _x_plane(x_ptr, wa, a_mask, 1),
-        _x_plane(x_ptr, wa, a_mask, 2), _x_plane(x_ptr, wa, a_mask, 3),
-        _x_plane(x_ptr, wa, a_mask, 4), _x_plane(x_ptr, wa, a_mask, 5),
-        _x_plane(x_ptr, wa, a_mask, 6), _x_plane(x_ptr, wa, a_mask, 7),
-        _x_plane(x_ptr, wb, b_mask, 0), _x_plane(x_ptr, wb, b_mask, 1),
-        _x_plane(x_ptr, wb, b_mask, 2), _x_plane(x_ptr, wb, b_mask, 3),
-        _x_plane(x_ptr, wb, b_mask, 4), _x_plane(x_ptr, wb, b_mask, 5),
-        _x_plane(x_ptr, wb, b_mask, 6), _x_plane(x_ptr, wb, b_mask, 7),
-    )  # fmt: skip
 
 
 @triton.jit
@@ -229,18 +130,43 @@ def _half_pair_math(
 
 
 @triton.jit
+def _pair_math(
+    acc, acc_up, wa, wb, ua, ub, s, su, z, zu,
+    c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+    GATED: tl.constexpr, HAS_ZP: tl.constexpr, ASM: tl.constexpr,
+    INT_DOT: tl.constexpr,
+):  # fmt: skip
+    """One step's math: ``_int_pair_math`` with ``INT_DOT``, else ``_half_pair_math``."""
+    if INT_DOT:
+        acc, acc_up = _int_pair_math(
+            acc, acc_up, wa, wb, ua, ub, s, su, z, zu,
+            c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+            GATED, HAS_ZP, ASM,
+        )  # fmt: skip
+    else:
+        acc, acc_up = _half_pair_math(
+            acc, acc_up, wa, wb, ua, ub, s, su, z, zu,
+            c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+            GATED, ASM,
+        )  # fmt: skip
+    return acc, acc_up
+
+
+@triton.jit
 def _paired_loop(
     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, k_lo, k_hi, stride_wn, stride_sn,
     w_desc, row_tma, up_tma,
     GROUP: tl.constexpr, GATED: tl.constexpr, HAS_ZP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr, ASM: tl.constexpr,
-    TMA: tl.constexpr, INT_DOT: tl.constexpr,
+    TMA: tl.constexpr, INT_DOT: tl.constexpr, X_AHEAD: tl.constexpr,
 ):  # fmt: skip
     """The paired K loop: ``[BLOCK_N, BW / 2]`` float32 sums (gate, up).
 
     Each step's math: ``_half_pair_math`` (float16 chains), or ``_int_pair_math``
-    with ``INT_DOT`` (``dp4a``, ``_kernels_gemv_ints.py``).
+    with ``INT_DOT`` (``dp4a``, ``_kernels_gemv_ints.py``). ``PREFETCH``: all of the
+    next step's loads before this step's math; else ``X_AHEAD``: the next step's
+    scales, zero points and inputs (``_ahead_loads``), the words at their step.
     """
     BH: tl.constexpr = BLOCK_K // 16
     acc = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
@@ -253,17 +179,39 @@ def _paired_loop(
             stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN, GATED,
             HAS_ZP, PREFETCH, TMA,
         )  # fmt: skip
+    elif X_AHEAD:  # first step's scales, zero points and inputs
+        wa, wb, a_mask, b_mask, _, _, g_col, s_mask = _pair_cols(
+            offs_i, n_mask, k_lo, k_hi, GROUP, BLOCK_K, EVEN, PREFETCH=True
+        )
+        (s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
+         b0, b1, b2, b3, b4, b5, b6, b7) = _pair_params(
+            s_e, z_e, x_ptr, rows, up_rows, wa, wb, a_mask, b_mask, g_col, s_mask,
+            stride_sn, GATED, HAS_ZP, RAW=True,
+        )  # fmt: skip
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
-        if PREFETCH:
-            cwa, cwb, cua, cub, cs, csu, cz, czu = wa, wb, ua, ub, s, su, z, zu
+        if PREFETCH or X_AHEAD:
+            cs, csu, cz, czu = s, su, z, zu
             c0, c1, c2, c3, c4, c5, c6, c7 = a0, a1, a2, a3, a4, a5, a6, a7
             d0, d1, d2, d3, d4, d5, d6, d7 = b0, b1, b2, b3, b4, b5, b6, b7
-            (wa, wb, ua, ub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
-             b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
-                w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0 + BLOCK_K,
-                k_hi, stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K,
-                EVEN, GATED, HAS_ZP, PREFETCH, TMA,
-            )  # fmt: skip
+            if PREFETCH:
+                cwa, cwb, cua, cub = wa, wb, ua, ub
+                (wa, wb, ua, ub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
+                 b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
+                    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0 + BLOCK_K,
+                    k_hi, stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP,
+                    BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH, TMA,
+                )  # fmt: skip
+            else:
+                (c0, c1, c2, c3, c4, c5, c6, c7,
+                 d0, d1, d2, d3, d4, d5, d6, d7) = _f32_planes(
+                    c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7
+                )  # fmt: skip
+                (cwa, cwb, cua, cub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
+                 b0, b1, b2, b3, b4, b5, b6, b7) = _ahead_loads(
+                    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi,
+                    stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K,
+                    EVEN, GATED, HAS_ZP, TMA,
+                )  # fmt: skip
         else:
             (cwa, cwb, cua, cub, cs, csu, cz, czu, c0, c1, c2, c3, c4, c5, c6, c7,
              d0, d1, d2, d3, d4, d5, d6, d7) = _pair_loads(
@@ -271,18 +219,11 @@ def _paired_loop(
                 stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN,
                 GATED, HAS_ZP, PREFETCH, TMA,
             )  # fmt: skip
-        if INT_DOT:
-            acc, acc_up = _int_pair_math(
-                acc, acc_up, cwa, cwb, cua, cub, cs, csu, cz, czu,
-                c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
-                GATED, HAS_ZP, ASM,
-            )  # fmt: skip
-        else:
-            acc, acc_up = _half_pair_math(
-                acc, acc_up, cwa, cwb, cua, cub, cs, csu, cz, czu,
-                c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
-                GATED, ASM,
-            )  # fmt: skip
+        acc, acc_up = _pair_math(
+            acc, acc_up, cwa, cwb, cua, cub, cs, csu, cz, czu,
+            c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7,
+            GATED, HAS_ZP, ASM, INT_DOT,
+        )  # fmt: skip
     return acc, acc_up
 
 
@@ -331,6 +272,7 @@ def _moe_gemv_pairs_kernel(
     PDL_NEXT: tl.constexpr,
     TMA: tl.constexpr,
     INT_DOT: tl.constexpr,
+    X_AHEAD: tl.constexpr,
 ):
     """``_moe_gemv_words_kernel``'s contract and math, two words of a group per chain.
 
@@ -345,7 +287,9 @@ def _moe_gemv_pairs_kernel(
     ``LOOP_STAGES`` deep; without it ``w_desc`` is unused (None). ``INT_DOT``
     (``GemvTiles.int_dot``): each step's products in integers instead of float16
     chains (``_int_pair_math``, ``_kernels_gemv_ints.py``: exact sums, inputs on a
-    15-bit grid per column of 16).
+    15-bit grid per column of 16). ``X_AHEAD`` (``GemvTiles.inputs_ahead``): each
+    step's scales, zero points and inputs loaded a step ahead in registers, the words
+    at their step (through the TMA pipeline where ``TMA``).
     """
     p = tl.program_id(0)
     e = tl.load(ids_ptr + p)
@@ -361,7 +305,7 @@ def _moe_gemv_pairs_kernel(
         w_e, s_e, z_e, x_ptr, offs_n.to(tl.int64)[:, None],
         (offs_n + N).to(tl.int64)[:, None], n_mask, k_lo, k_hi, stride_wn, stride_sn,
         w_desc, row_tma, row_tma + N, GROUP, GATED, HAS_ZP, BLOCK_N, BLOCK_K, EVEN,
-        PREFETCH, LOOP_STAGES, ASM, TMA, INT_DOT,
+        PREFETCH, LOOP_STAGES, ASM, TMA, INT_DOT, X_AHEAD,
     )  # fmt: skip
     _gemv_store(
         tl.sum(acc, axis=1), tl.sum(acc_up, axis=1), c_ptr, topk_weights_ptr, bias_ptr,

@@ -176,7 +176,8 @@ def _launch_words(
 
     Paired where ``tiles.paired`` and groups hold two words or more, by TMA where
     ``tiles.tma``, ``tma_target`` and ``tma_fit`` allow, its products in integers
-    where ``tiles.int_dot`` (the one-word kernel has no integer form). ``common``,
+    where ``tiles.int_dot`` (the one-word kernel has no integer form), its inputs a
+    step ahead where ``tiles.inputs_ahead`` (the one-word kernel ignores it). ``common``,
     ``out_strides`` and ``meta`` as ``launch_gemv`` built them.
     """
     from backends.triton._kernels_gemv_pairs import _moe_gemv_pairs_kernel
@@ -205,8 +206,9 @@ def _launch_words(
         _moe_gemv_words_kernel[grid](*head, *tail, **launch)
         return
     _moe_gemv_pairs_kernel[grid](
-        *head, desc, *tail, TMA=tma, INT_DOT=tiles.int_dot, **launch
-    )
+        *head, desc, *tail, TMA=tma, INT_DOT=tiles.int_dot,
+        X_AHEAD=tiles.inputs_ahead, **launch,
+    )  # fmt: skip
 
 
 def _gemv_meta(

@@ -173,6 +173,11 @@ class GemvTiles:
             power-of-two grid of their largest, codes and inputs multiplied and summed
             as bytes by ``dp4a``, instead of float16 chains; where ``paired`` applies
             (groups of one word run the one-word kernel's float16 chains).
+        inputs_ahead: the paired kernel loads each step's scales, zero points and
+            inputs one step ahead in registers (as loaded; converted at their step),
+            while its words come at their step (through the TMA pipeline where
+            ``tma`` applies). Outputs equal those without it bit for bit. Excludes
+            ``prefetch``, which loads all of the next step ahead.
     """
 
     block_n: int
@@ -189,6 +194,14 @@ class GemvTiles:
     tma: bool = False
     w2_tiles: "GemvTiles | None" = None
     int_dot: bool = False
+    inputs_ahead: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.inputs_ahead and self.prefetch:
+            raise ValueError(
+                "GemvTiles: inputs_ahead loads part of what prefetch loads one step "
+                "ahead; set at most one"
+            )
 
 
 @attrs.frozen(kw_only=True)

@@ -50,13 +50,22 @@ KERNELS = {
     "bulk": _float16(configs.GEMV_PAIRED),
     "intdot": configs.GEMV_PAIRED,
     "intdot_few": configs.GEMV_PAIRED_FEW,
+    "inputs_ahead": attrs.evolve(
+        configs.GEMV_PAIRED,
+        inputs_ahead=True,
+        w2_tiles=attrs.evolve(
+            configs.GEMV_PAIRED.w2_tiles or configs.GEMV_PAIRED, inputs_ahead=True
+        ),
+    ),
 }
 """Each kernel with fixed tiles, whatever the table picks (words: the one-word kernel
 at the tile of the table before the paired one; paired: ``GEMV_PAIRED`` before TMA
 reads; pdl: ``GEMV_PAIRED_FEW`` in float16 chains, with programmatic dependent
 launch; bulk: ``GEMV_PAIRED`` in float16 chains, TMA (bulk tensor copy) reads, w2 on
 its own tiles; intdot and intdot_few: ``GEMV_PAIRED`` and ``GEMV_PAIRED_FEW`` as the
-table has them, products in integers, ``GemvTiles.int_dot``). The keys are
+table has them, products in integers, ``GemvTiles.int_dot``; inputs_ahead:
+``GEMV_PAIRED`` with its scales, zero points and inputs a step ahead on both GEMVs,
+``GemvTiles.inputs_ahead``). The keys are
 ``-k`` selectors of bench/gpu_session.sh's jobs."""
 
 
@@ -366,6 +375,25 @@ def test_bulk_copy_reads_equal_plain_loads(
     assert_same_outputs(
         size, scheme, KERNELS["bulk"], plain, seed=8, forwards=5, drop=True
     )
+
+
+@pytest.mark.parametrize(
+    "size",
+    [(8, 2, 4096, 14336, 1), (128, 8, 4096, 1536, 1), (64, 4, 1152, 768, 3)],
+    ids=["mixtral-w2-split", "qwen3-235b", "w13-k-tail"],
+)
+@pytest.mark.parametrize("scheme", [SCHEMES[0], SCHEMES[7]], ids=lambda s: s.name)
+def test_inputs_ahead_equals_the_table(
+    size: tuple[int, int, int, int, int], scheme: Int4Scheme
+) -> None:
+    """``GemvTiles.inputs_ahead`` moves the scale, zero-point and input loads a step
+    earlier and nothing else: eager and replayed outputs equal ``GEMV_PAIRED``'s bit
+    for bit over fresh inputs, with a K split, a K tail and an expert held
+    elsewhere."""
+    assert_same_outputs(
+        size, scheme, KERNELS["inputs_ahead"], KERNELS["intdot"], seed=9, forwards=5,
+        drop=True,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("inputs", ["1", "1e-35", "1e30", "outlier", "inf"])

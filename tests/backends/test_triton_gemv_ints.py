@@ -11,6 +11,7 @@ oracle.
 
 import warnings
 
+import attrs
 import pytest
 import torch
 
@@ -49,9 +50,23 @@ INT_TILES = {
     "step-in-group": GemvTiles(
         block_n=16, block_k=32, words=True, paired=True, int_dot=True
     ),  # with groups of 64: two steps a group
+    "inputs-ahead": GemvTiles(
+        block_n=16, block_k=64, words=True, paired=True, inputs_ahead=True, int_dot=True
+    ),
+    "tma-inputs-ahead": GemvTiles(
+        block_n=16,
+        block_k=64,
+        words=True,
+        paired=True,
+        tma=True,
+        loop_stages=2,
+        inputs_ahead=True,
+        int_dot=True,
+    ),
 }
 """Integer-product tiles: K tails (K = 96 in 64-column steps), loads one step ahead,
-TMA reads, a K split whose third part is empty, steps inside one group."""
+TMA reads, a K split whose third part is empty, steps inside one group, inputs one
+step ahead (with plain word loads and by TMA)."""
 
 
 def _gemv(
@@ -235,3 +250,44 @@ def test_int_gemv_layer_matches_oracle(
         "gemv", case, 3, generator, gemv_tiles=tiles,
         rel_l2_bound=INTERPRETER_INT_DOT_REL_L2[case[2]],
     )  # fmt: skip
+
+
+def _ahead(tiles: GemvTiles) -> GemvTiles:
+    """``tiles`` with ``inputs_ahead`` on both GEMVs."""
+    w2 = (
+        None
+        if tiles.w2_tiles is None
+        else attrs.evolve(tiles.w2_tiles, inputs_ahead=True)
+    )
+    return attrs.evolve(tiles, inputs_ahead=True, w2_tiles=w2)
+
+
+AHEAD_BASES = {
+    **{name: INT_TILES[name] for name in ("plain", "tma", "split-3", "step-in-group")},
+    "float16-chains": attrs.evolve(INT_TILES["plain"], int_dot=False),
+    "float16-tma": attrs.evolve(INT_TILES["tma"], int_dot=False),
+}
+"""Tiles whose ``inputs_ahead`` form must equal them: integer products and float16
+chains, plain and TMA word loads, K tails, a K split with an empty part, steps in
+one group."""
+
+
+@pytest.mark.parametrize("tiles", AHEAD_BASES.values(), ids=AHEAD_BASES.keys())
+@pytest.mark.parametrize("case", GEMV_CASES[:2], ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_inputs_ahead_equals_loads_at_their_step_bit_for_bit(
+    case: PathCase, tiles: GemvTiles
+) -> None:
+    """``GemvTiles.inputs_ahead`` moves loads, not math: whole layers (gated w13, w2,
+    an expert held elsewhere) give the same bits with and without it."""
+    outs = [
+        run_path(
+            "gemv",
+            case,
+            3,
+            torch.Generator().manual_seed(7),
+            gemv_tiles=form,
+            rel_l2_bound=INTERPRETER_INT_DOT_REL_L2[case[2]] if tiles.int_dot else None,
+        )[0]
+        for form in (tiles, _ahead(tiles))
+    ]
+    assert torch.equal(outs[0], outs[1])
