@@ -3,7 +3,7 @@
 import attrs
 import pytest
 
-from backends.triton._tiles import GemmTiles
+from backends.triton._tiles import GemmTiles, GemvTiles
 
 
 def test_gemm_tiles_refuse_two_dequantization_schemes() -> None:
@@ -84,3 +84,12 @@ def test_gemm_tiles_wgmma_needs_mma_whole_warpgroups_and_registers() -> None:
         attrs.evolve(shared, num_stages=1)
     ring = attrs.evolve(wgmma, num_stages=3, copy_steps=2)  # the words' cp.async ring
     assert (ring.num_stages, ring.copy_steps) == (3, 2)
+
+
+def test_gemv_tiles_refuse_inputs_ahead_with_prefetch() -> None:
+    ahead = GemvTiles(
+        block_n=8, block_k=512, words=True, paired=True, inputs_ahead=True
+    )
+    assert ahead.inputs_ahead
+    with pytest.raises(ValueError, match=r"inputs_ahead .* prefetch .* at most one"):
+        attrs.evolve(ahead, prefetch=True)
