@@ -59,8 +59,10 @@ GEMVs; ``bench/sweeps/probe_int_dot_h100.log``, H100, graph replay): Qwen3-30B-A
 M = 1 0.0191 against 0.0199 ms in float16 chains."""
 GEMV_PAIRED: Final = GemvTiles(
     block_n=8, block_k=512, num_warps=1, words=True, paired=True, pdl=True, tma=True,
-    loop_stages=3, int_dot=True, w2_tiles=attrs.evolve(GEMV_PAIRED_FEW, block_n=16,
-    prefetch=False, tma=True, loop_stages=3),
+    loop_stages=3, int_dot=True, inputs_ahead=True, w2_tiles=attrs.evolve(
+        GEMV_PAIRED_FEW, block_n=16, prefetch=False, tma=True, loop_stages=3,
+        inputs_ahead=True,
+    ),
 )  # fmt: skip
 """The paired decode GEMV reading its weight words by TMA (``GemvTiles.tma``: one
 ``[rows, 512 / 8]`` bulk copy per matrix and step, Triton-pipelined 3 stages deep
@@ -85,7 +87,15 @@ replay, ms, ``bench/sweeps/probe_int_dot_h100.log``; float16 chains in brackets)
 Mixtral M = 1 / 4 0.0836 / 0.2246 (0.0870 / 0.2344); Qwen3-30B-A3B M = 4 0.0428
 (0.0459); Qwen3-235B M = 1 / 4 0.0407 / 0.1113 (0.0434 / 0.1157); DeepSeek-V3 M = 1 /
 4 0.0810 / 0.2519 (0.0813 / 0.2593); faster or level in all 12 GEMV cells measured
-(M = 1, 4 and 16 of the four models), on w13 and w2 each, most on both."""
+(M = 1, 4 and 16 of the four models), on w13 and w2 each, most on both. Scales,
+zero points and inputs a step ahead in registers (``inputs_ahead``, both GEMVs; the
+words still come through the TMA pipeline) took, on an H100 (graph replay, ms, two
+routing draws, each form timed twice; ``bench/sweeps/probe_int_dot_set6_ahead_h100.log``;
+without it in brackets): Mixtral M = 1 0.0772-0.0778 (0.0841-0.0847); Qwen3-235B
+M = 1 0.0384-0.0389 (0.0412-0.0413), M = 4 0.1094-0.1121 (0.1142-0.1169);
+DeepSeek-V3 M = 1 0.0769-0.0776 (0.0812-0.0819), M = 4 0.2400-0.2620
+(0.2437-0.2669); Qwen3-30B-A3B M = 4 0.0420-0.0421 (0.0450-0.0451): faster in every
+cell, 2-9%, more than on w13 or w2 alone."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's

@@ -332,9 +332,10 @@ def test_gemv_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert many.w2_tiles is not None
     assert many.w2_tiles == attrs.evolve(many, block_n=16, w2_tiles=None)  # w2 16 rows
-    assert attrs.evolve(few, prefetch=False, tma=True, loop_stages=3) == attrs.evolve(
-        many, w2_tiles=None
-    )  # else the same tile
+    assert attrs.evolve(
+        few, prefetch=False, tma=True, loop_stages=3, inputs_ahead=True
+    ) == attrs.evolve(many, w2_tiles=None)  # else the same tile
+    assert many.inputs_ahead  # scales, zero points and inputs a step ahead, both GEMVs
     assert many.words
     assert many.paired
     assert many.pdl  # programmatic dependent launch where the GPU has it
