@@ -51,7 +51,7 @@
 # PROBE_SET 6 (GemvTiles.inputs_ahead) at M = 1 and 4 on two routing draws; on other
 # GPUs then the inputs_ahead GEMV tests with record's, one log in $OUT.
 # "final": the benchmark (copied to $OUT), then the table GEMV's CUDA tests, the
-# module's and test_triton_cuda.py -k w4a16 in four jobs, one log in $OUT.
+# module's and the w4a16 graph / sync tests in four jobs, one log in $OUT.
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -322,12 +322,12 @@ if [ "$mode" = "ahead" ]; then  # the GEMV's inputs a step ahead (PROBE_SET 6), 
   exit $status
 fi
 if [ "$mode" = "final" ]; then  # the benchmark, then the table's GEMV and module tests
-  bench_out 330
-  job_s=230
+  bench_out 300
+  job_s=150
   run f1 tests/backends/test_triton_gemv_cuda.py -k "intdot and not bulk" &
-  run f2 tests/backends/test_triton_gemv_cuda.py -k "inputs_ahead or pdl or bulk" &
-  run f3 tests/modules/test_int4_moe_cuda.py tests/backends/test_triton_route.py &
-  run f4 tests/backends/test_triton_cuda.py -k w4a16 &
+  run f2 tests/backends/test_triton_gemv_cuda.py -k "inputs_ahead or pdl" &
+  run f3 tests/modules/test_int4_moe_cuda.py &
+  run f4 tests/backends/test_triton_cuda.py -k "w4a16 and (graph or sync)" &
   gather final_suite.log f1 f2 f3 f4
   exit $status
 fi
