@@ -324,8 +324,10 @@ fi
 if [ "$mode" = "final" ]; then  # the benchmark, then the table's GEMV and module tests
   bench_out 300
   job_s=150
-  run f1 tests/backends/test_triton_gemv_cuda.py -k "intdot and not bulk" &
-  run f2 tests/backends/test_triton_gemv_cuda.py -k "inputs_ahead or pdl" &
+  run f1 tests/backends/test_triton_gemv_cuda.py \
+    -k "intdot and not intdot_few and not intdot_at_step and not ptx and not magnitude" &
+  run f2 tests/backends/test_triton_gemv_cuda.py \
+    -k "inputs_ahead or (magnitude and intdot and not intdot_few)" &
   run f3 tests/modules/test_int4_moe_cuda.py &
   run f4 tests/backends/test_triton_cuda.py -k "w4a16 and (graph or sync)" &
   gather final_suite.log f1 f2 f3 f4
