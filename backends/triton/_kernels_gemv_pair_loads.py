@@ -5,7 +5,7 @@
 ``@triton.jit`` only. A step's words come as two ``[BLOCK_N, BLOCK_K / 16]`` tiles,
 the two halves of each group's words, by TMA or plain loads (``_pair_words``); its
 scales, zero points and 16 input planes by plain loads (``_pair_params``).
-``_pair_loads`` reads a whole step, ``_ahead_loads`` a step's words with the next
+``_pair_loads`` reads a whole step, or with ``AHEAD`` a step's words with the next
 step's rest (``GemvTiles.inputs_ahead``).
 """
 
@@ -162,7 +162,7 @@ def _pair_loads(
     w_desc, row_tma, up_tma,
     GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     GATED: tl.constexpr, HAS_ZP: tl.constexpr, PREFETCH: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, AHEAD: tl.constexpr,
 ):  # fmt: skip
     """``_word_loads`` of the paired kernel: a step's words as two ``[BN, BW / 2]`` tiles.
 
@@ -177,7 +177,9 @@ def _pair_loads(
     store, and words past ``k_hi`` meet zero inputs (the input planes keep their
     masks). Returns the words (a, b; up a, up b), scales and zero points (gate, up;
     one per element, shared by a and b) and the 8 input planes of a, then of b
-    (``_pair_words``, then ``_pair_params``).
+    (``_pair_words``, then ``_pair_params``). ``AHEAD`` (``X_AHEAD``'s loads, with
+    ``PREFETCH`` off): the words of step ``k0``, the rest of step ``k0 + BLOCK_K``,
+    masked off past ``k_hi``, its planes as loaded (``RAW``).
     """
     wa, wb, a_mask, b_mask, wa_mask, wb_mask, g_col, s_mask = _pair_cols(
         offs_i, n_mask, k0, k_hi, GROUP, BLOCK_K, EVEN, PREFETCH
@@ -187,44 +189,14 @@ def _pair_loads(
         w_e, rows, up_rows, wa, wb, wa_mask, wb_mask, k0, stride_wn, w_desc, row_tma,
         up_tma, BN, GROUP, BLOCK_K, GATED, TMA,
     )  # fmt: skip
+    if AHEAD:
+        wa, wb, a_mask, b_mask, wa_mask, wb_mask, g_col, s_mask = _pair_cols(
+            offs_i, n_mask, k0 + BLOCK_K, k_hi, GROUP, BLOCK_K, EVEN, PREFETCH=True
+        )
     (s, s_up, z, z_up, a0, a1, a2, a3, a4, a5, a6, a7,
      b0, b1, b2, b3, b4, b5, b6, b7) = _pair_params(
         s_e, z_e, x_ptr, rows, up_rows, wa, wb, a_mask, b_mask, g_col, s_mask,
-        stride_sn, GATED, HAS_ZP, RAW=False,
-    )  # fmt: skip
-    return (
-        words_a, words_b, up_a, up_b, s, s_up, z, z_up, a0, a1, a2, a3, a4, a5, a6, a7,
-        b0, b1, b2, b3, b4, b5, b6, b7,
-    )  # fmt: skip
-
-
-@triton.jit
-def _ahead_loads(
-    w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi, stride_wn, stride_sn,
-    w_desc, row_tma, up_tma,
-    GROUP: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    GATED: tl.constexpr, HAS_ZP: tl.constexpr, TMA: tl.constexpr,
-):  # fmt: skip
-    """``X_AHEAD``'s loads in a step at ``k0``: that step's words, the next's rest.
-
-    Returns ``_pair_loads``' tuple, its scales, zero points and planes (as loaded,
-    ``RAW``) those of step ``k0 + BLOCK_K``, masked off past ``k_hi``.
-    """
-    wa, wb, a_mask, b_mask, wa_mask, wb_mask, g_col, s_mask = _pair_cols(
-        offs_i, n_mask, k0, k_hi, GROUP, BLOCK_K, EVEN, PREFETCH=False
-    )
-    BN: tl.constexpr = n_mask.shape[0]
-    words_a, words_b, up_a, up_b = _pair_words(
-        w_e, rows, up_rows, wa, wb, wa_mask, wb_mask, k0, stride_wn, w_desc, row_tma,
-        up_tma, BN, GROUP, BLOCK_K, GATED, TMA,
-    )  # fmt: skip
-    wa, wb, a_mask, b_mask, wa_mask, wb_mask, g_col, s_mask = _pair_cols(
-        offs_i, n_mask, k0 + BLOCK_K, k_hi, GROUP, BLOCK_K, EVEN, PREFETCH=True
-    )
-    (s, s_up, z, z_up, a0, a1, a2, a3, a4, a5, a6, a7,
-     b0, b1, b2, b3, b4, b5, b6, b7) = _pair_params(
-        s_e, z_e, x_ptr, rows, up_rows, wa, wb, a_mask, b_mask, g_col, s_mask,
-        stride_sn, GATED, HAS_ZP, RAW=True,
+        stride_sn, GATED, HAS_ZP, AHEAD,
     )  # fmt: skip
     return (
         words_a, words_b, up_a, up_b, s, s_up, z, z_up, a0, a1, a2, a3, a4, a5, a6, a7,

@@ -18,7 +18,6 @@ from backends.triton._kernels import _grid_dependency
 from backends.triton._kernels_gemv import _gemv_store, _gemv_tile
 from backends.triton._kernels_gemv_ints import _int_pair_math
 from backends.triton._kernels_gemv_pair_loads import (
-    _ahead_loads,
     _f32_planes,
     _pair_cols,
     _pair_loads,
@@ -166,7 +165,8 @@ def _paired_loop(
     Each step's math: ``_half_pair_math`` (float16 chains), or ``_int_pair_math``
     with ``INT_DOT`` (``dp4a``, ``_kernels_gemv_ints.py``). ``PREFETCH``: all of the
     next step's loads before this step's math; else ``X_AHEAD``: the next step's
-    scales, zero points and inputs (``_ahead_loads``), the words at their step.
+    scales, zero points and inputs (``_pair_loads`` with ``AHEAD``), the words at
+    their step.
     """
     BH: tl.constexpr = BLOCK_K // 16
     acc = tl.zeros([BLOCK_N, BH], dtype=tl.float32)
@@ -177,7 +177,7 @@ def _paired_loop(
          b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
             w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k_lo, k_hi,
             stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN, GATED,
-            HAS_ZP, PREFETCH, TMA,
+            HAS_ZP, PREFETCH, TMA, AHEAD=False,
         )  # fmt: skip
     elif X_AHEAD:  # first step's scales, zero points and inputs
         wa, wb, a_mask, b_mask, _, _, g_col, s_mask = _pair_cols(
@@ -199,7 +199,7 @@ def _paired_loop(
                  b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
                     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0 + BLOCK_K,
                     k_hi, stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP,
-                    BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH, TMA,
+                    BLOCK_K, EVEN, GATED, HAS_ZP, PREFETCH, TMA, AHEAD=False,
                 )  # fmt: skip
             else:
                 (c0, c1, c2, c3, c4, c5, c6, c7,
@@ -207,17 +207,17 @@ def _paired_loop(
                     c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7
                 )  # fmt: skip
                 (cwa, cwb, cua, cub, s, su, z, zu, a0, a1, a2, a3, a4, a5, a6, a7,
-                 b0, b1, b2, b3, b4, b5, b6, b7) = _ahead_loads(
+                 b0, b1, b2, b3, b4, b5, b6, b7) = _pair_loads(
                     w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi,
                     stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K,
-                    EVEN, GATED, HAS_ZP, TMA,
+                    EVEN, GATED, HAS_ZP, PREFETCH, TMA, AHEAD=True,
                 )  # fmt: skip
         else:
             (cwa, cwb, cua, cub, cs, csu, cz, czu, c0, c1, c2, c3, c4, c5, c6, c7,
              d0, d1, d2, d3, d4, d5, d6, d7) = _pair_loads(
                 w_e, s_e, z_e, x_ptr, rows, up_rows, n_mask, offs_i, k0, k_hi,
                 stride_wn, stride_sn, w_desc, row_tma, up_tma, GROUP, BLOCK_K, EVEN,
-                GATED, HAS_ZP, PREFETCH, TMA,
+                GATED, HAS_ZP, PREFETCH, TMA, AHEAD=False,
             )  # fmt: skip
         acc, acc_up = _pair_math(
             acc, acc_up, cwa, cwb, cua, cub, cs, csu, cz, czu,
