@@ -30,20 +30,21 @@ from tests.tolerances import INTERPRETER_INT_DOT_REL_L2
 
 pytestmark = INTERPRETER_ONLY
 
+_TMA = GemvTiles(
+    block_n=16,
+    block_k=64,
+    words=True,
+    paired=True,
+    tma=True,
+    loop_stages=2,
+    int_dot=True,
+)
 INT_TILES = {
     "plain": GemvTiles(block_n=16, block_k=64, words=True, paired=True, int_dot=True),
     "prefetch": GemvTiles(
         block_n=16, block_k=64, words=True, paired=True, prefetch=True, int_dot=True
     ),
-    "tma": GemvTiles(
-        block_n=16,
-        block_k=64,
-        words=True,
-        paired=True,
-        tma=True,
-        loop_stages=2,
-        int_dot=True,
-    ),
+    "tma": _TMA,
     "split-3": GemvTiles(
         block_n=16, block_k=32, words=True, paired=True, w2_split=3, int_dot=True
     ),
@@ -53,16 +54,7 @@ INT_TILES = {
     "inputs-ahead": GemvTiles(
         block_n=16, block_k=64, words=True, paired=True, inputs_ahead=True, int_dot=True
     ),
-    "tma-inputs-ahead": GemvTiles(
-        block_n=16,
-        block_k=64,
-        words=True,
-        paired=True,
-        tma=True,
-        loop_stages=2,
-        inputs_ahead=True,
-        int_dot=True,
-    ),
+    "tma-inputs-ahead": attrs.evolve(_TMA, inputs_ahead=True),
 }
 """Integer-product tiles: K tails (K = 96 in 64-column steps), loads one step ahead,
 TMA reads, a K split whose third part is empty, steps inside one group, inputs one
