@@ -11,9 +11,10 @@ w13 in 16-row tiles; each output is checked against the float32 reference first
 its ``gemv table`` row the float16 one.) ``PROBE_SET=2``: the table (now with
 integer products) against other tiles around it (``tile_variants``); ``PROBE_SET=3``:
 the table (``auto``, before and after) against its GEMV forced (``gemv``), for the
-decode rule (``use_gemv``); ``PROBE_SET=6``: the table's GEMV tiles against the
-same with their inputs, scales and zero points a step ahead (``GemvTiles.inputs_ahead``)
-on both GEMVs, on w13 alone and on w2 alone, each twice, alternating (tiles that load
+decode rule (``use_gemv``); ``PROBE_SET=6``: the table's GEMV tiles with their
+inputs, scales and zero points loaded at their step (``gemv table``: the table before
+``GemvTiles.inputs_ahead``) against the same a step ahead on both GEMVs (the table of
+now), on w13 alone and on w2 alone, each twice, alternating (tiles that load
 everything ahead, ``prefetch``, keep their form); ``PROBE_ROUTES=n``: n routing draws a
 cell.
 """
@@ -70,8 +71,8 @@ def tile_variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | No
 
 def ahead_variants(table: GemvTiles) -> dict[str, tuple[FusedPath, GemvTiles | None]]:
     """``PROBE_SET=6``: the table's GEMV tiles with and without ``inputs_ahead``."""
-    w2 = attrs.evolve(table.w2_tiles or table, w2_tiles=None)
-    base = attrs.evolve(table, w2_tiles=w2)
+    w2 = attrs.evolve(table.w2_tiles or table, w2_tiles=None, inputs_ahead=False)
+    base = attrs.evolve(table, w2_tiles=w2, inputs_ahead=False)  # loads at their step
 
     def ahead(tiles: GemvTiles) -> GemvTiles:
         return tiles if tiles.prefetch else attrs.evolve(tiles, inputs_ahead=True)

@@ -95,7 +95,8 @@ without it in brackets): Mixtral M = 1 0.0772-0.0778 (0.0841-0.0847); Qwen3-235B
 M = 1 0.0384-0.0389 (0.0412-0.0413), M = 4 0.1094-0.1121 (0.1142-0.1169);
 DeepSeek-V3 M = 1 0.0769-0.0776 (0.0812-0.0819), M = 4 0.2400-0.2620
 (0.2437-0.2669); Qwen3-30B-A3B M = 4 0.0415-0.0421 (0.0442-0.0451): faster in every
-cell, 1.6-8%, more than on w13 or w2 alone."""
+cell, 1.6-8%; ahead on w13 alone or w2 alone gained less, but for DeepSeek-V3, where
+w2 alone gained as much and w13 alone nothing."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
 experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's

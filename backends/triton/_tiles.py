@@ -177,7 +177,8 @@ class GemvTiles:
             inputs one step ahead in registers (as loaded; converted at their step),
             while its words come at their step (through the TMA pipeline where
             ``tma`` applies). Outputs equal those without it bit for bit. Excludes
-            ``prefetch``, which loads all of the next step ahead.
+            ``prefetch``, which loads all of the next step ahead. The other GEMV
+            kernels (one word a chain, bytes, 16-bit) have no such form and ignore it.
     """
 
     block_n: int

@@ -62,7 +62,7 @@ KERNELS = {
 at the tile of the table before the paired one; paired: ``GEMV_PAIRED`` before TMA
 reads; pdl: ``GEMV_PAIRED_FEW`` in float16 chains, with programmatic dependent
 launch; bulk: ``GEMV_PAIRED`` in float16 chains, TMA (bulk tensor copy) reads, w2 on
-its own tiles; intdot and intdot_few: ``GEMV_PAIRED`` and ``GEMV_PAIRED_FEW`` as the
+its own tiles, inputs a step ahead as the table's; intdot and intdot_few: ``GEMV_PAIRED`` and ``GEMV_PAIRED_FEW`` as the
 table has them, products in integers, ``GemvTiles.int_dot``, the first with its
 scales, zero points and inputs a step ahead, ``GemvTiles.inputs_ahead``;
 intdot_at_step: ``GEMV_PAIRED`` with those loads at their step, as before). The keys are
@@ -389,8 +389,9 @@ def test_inputs_ahead_equals_loads_at_their_step(
     """``GemvTiles.inputs_ahead`` moves the scale, zero-point and input loads a step
     earlier and nothing else: ``GEMV_PAIRED``'s eager and replayed outputs equal those
     of its tiles without it bit for bit over fresh inputs, with a K split, a K tail
-    and an expert held elsewhere. (First run on an H100 on 2026-12-06, before the
-    table took it: bench/sweeps/cuda_ahead_ae3375f_h100.log.)"""
+    and an expert held elsewhere. (Passed on an H100 on 2026-12-06, first as the
+    ahead tiles against the table of then, bench/sweeps/cuda_ahead_ae3375f_h100.log,
+    then in this form, cuda_final_305fbbc_h100.log.)"""
     assert configs.GEMV_PAIRED.inputs_ahead
     assert_same_outputs(
         size, scheme, KERNELS["intdot"], KERNELS["intdot_at_step"], seed=9, forwards=5,
