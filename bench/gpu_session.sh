@@ -51,7 +51,8 @@
 # PROBE_SET 6 (GemvTiles.inputs_ahead) at M = 1 and 4 on two routing draws; on other
 # GPUs then the inputs_ahead GEMV tests with record's, one log in $OUT.
 # "final": the benchmark (copied to $OUT), then the table GEMV's CUDA tests, the
-# module's and the w4a16 graph / sync tests in four jobs, one log in $OUT.
+# module's, the w4a16 graph / sync tests and the GEMV's float16-chain (bulk) and PTX
+# tests in five jobs, one log in $OUT.
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -330,7 +331,8 @@ if [ "$mode" = "final" ]; then  # the benchmark, then the table's GEMV and modul
     -k "inputs_ahead or (magnitude and intdot and not intdot_few)" &
   run f3 tests/modules/test_int4_moe_cuda.py &
   run f4 tests/backends/test_triton_cuda.py -k "w4a16 and (graph or sync)" &
-  gather final_suite.log f1 f2 f3 f4
+  run f5 tests/backends/test_triton_gemv_cuda.py -k "bulk or ptx" &
+  gather final_suite.log f1 f2 f3 f4 f5
   exit $status
 fi
 if [ "$mode" = "profile" ]; then  # an H200: the benchmark first; then Nsight Compute

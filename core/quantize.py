@@ -54,8 +54,9 @@ def choose_qparams(
         ``QParams`` with ``scale`` ``(..., N, G)`` and, for asymmetric, uint8 zero points.
 
     Raises:
-        ShapeError: where ``scale_dtype`` cannot hold a group's scale (overflow to inf,
-            or a nonzero group's scale rounding to 0).
+        ShapeError: where ``w_NK`` holds NaN or inf (found on the group scales, which
+            both make non-finite), or ``scale_dtype`` cannot hold a group's scale
+            (overflow to inf, or a nonzero group's scale rounding to 0).
         DTypeError: when ``scale_dtype`` is not float32, float16 or bfloat16.
         ConfigTypeError: when ``scheme`` is not an ``Int4Scheme``.
     """
@@ -63,10 +64,12 @@ def choose_qparams(
     grouped = _grouped(w_NK.float(), scheme)
     if not scheme.has_zero_point:
         scale = grouped.abs().amax(dim=-1) / _SYM_DIVISOR
+        _check_finite_groups(scale)
         return QParams(scale=_stored_scale(scale, scale_dtype))
     # The range always includes 0 so the zero point is a valid code in 0..15.
     lo = grouped.amin(dim=-1).clamp(max=0.0)
     hi = grouped.amax(dim=-1).clamp(min=0.0)
+    _check_finite_groups(hi - lo)
     scale = _stored_scale((hi - lo) / scheme.qmax, scale_dtype)
     safe = _safe_scale(scale)
     zero = torch.round(-lo / safe).clamp(scheme.qmin, scheme.qmax).to(torch.uint8)
@@ -77,6 +80,24 @@ def _check_scheme_and_scale_dtype(scheme: Int4Scheme, scale_dtype: torch.dtype) 
     """Before any work: the scales the layer and backends accept (no float64)."""
     check_type("scheme", scheme, Int4Scheme)
     check_activation_dtype("scale_dtype", scale_dtype)
+
+
+def _check_finite_groups(span: torch.Tensor) -> None:
+    """Raise ``ShapeError`` where a group's float32 span is NaN or inf.
+
+    amax / amin carry a NaN through and an inf weight makes an inf span, so this
+    small ``(..., N, G)`` check finds what a pass over the weights would (a NaN code
+    cast to uint8 is undefined; it quantized silently before).
+    """
+    if span.is_meta or not span.numel():
+        return
+    bad = ~torch.isfinite(span)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ShapeError(
+            "w_NK must be finite, got NaN or inf in (..., row, group) "
+            f"{where} ({int(bad.sum())} of {span.numel()} groups)"
+        )
 
 
 def _stored_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
@@ -120,6 +141,9 @@ def _safe_scale(scale: torch.Tensor) -> torch.Tensor:
 
 def quantize(w_NK: torch.Tensor, qparams: QParams, scheme: Int4Scheme) -> torch.Tensor:
     """Round ``w_NK`` to int4 codes with the given parameters.
+
+    ``w_NK`` must be finite (``choose_qparams`` refuses NaN and inf; here a NaN
+    would give an undefined code).
 
     Returns:
         uint8 codes ``(..., N, K)`` in ``0..15`` (unpacked).

@@ -234,6 +234,24 @@ def test_quantize_expert_weights_rejects_non_finite(bad: float) -> None:
 
 
 @pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_choose_qparams_rejects_non_finite(scheme: Int4Scheme, bad: float) -> None:
+    """NaN scales came back before, and quantize then cast NaN codes to uint8."""
+    w = torch.randn(3, 4, 96)
+    w[1, 2, 70] = bad  # row 2 of the second matrix, group 70 // 32 = 2
+    with pytest.raises(
+        ShapeError,
+        match=r"w_NK must be finite, got NaN or inf in \(\.\.\., row, group\) "
+        r"\(1, 2, 2\) \(1 of 36 groups\)$",
+    ):
+        choose_qparams(w, scheme, scale_dtype=torch.bfloat16)
+    w[1, 2, 70] = 0.0
+    assert torch.isfinite(
+        choose_qparams(w, scheme, scale_dtype=torch.bfloat16).scale
+    ).all()
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
 @pytest.mark.parametrize(
     ("magnitude", "scales"),
     [(1e6, r"from 1\.\d+e\+05 to 1\.\d+e\+05"), (1e-8, r"from 1\.\d+e-09 to")],
