@@ -324,7 +324,7 @@ if [ "$mode" = "ahead" ]; then  # the GEMV's inputs a step ahead (PROBE_SET 6), 
 fi
 if [ "$mode" = "final" ]; then  # the benchmark, then the table's GEMV and module tests
   bench_out 300
-  job_s=150
+  job_s=270
   run f1 tests/backends/test_triton_gemv_cuda.py \
     -k "intdot and not intdot_few and not intdot_at_step and not ptx and not magnitude" &
   run f2 tests/backends/test_triton_gemv_cuda.py \
