@@ -123,10 +123,9 @@ def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
         out = gate / (1.0 + tl.exp(-gate)) * up
     elif ACT == 1:
         out = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476)) * up
-    elif ACT == 2:
+    elif ACT == 2:  # 0.5 * (1 + tanh(z)) is sigmoid(2z): no 1 - 1 in the tails
         inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        tanh = 2.0 / (1.0 + tl.exp(-2.0 * inner)) - 1.0
-        out = 0.5 * gate * (1.0 + tanh) * up
+        out = gate / (1.0 + tl.exp(-2.0 * inner)) * up
     else:  # NaN kept as torch's clamp keeps it (PTX min/max without .NaN drop it)
         nan: tl.constexpr = tl.PropagateNan.ALL
         g = tl.minimum(gate, limit, propagate_nan=nan)
