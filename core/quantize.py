@@ -95,7 +95,7 @@ def _check_finite_groups(span: torch.Tensor) -> None:
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
         raise ShapeError(
-            "w_NK must be finite, got NaN or inf in (..., row, group) "
+            "w_NK must be finite in float32, got NaN or inf in (..., row, group) "
             f"{where} ({int(bad.sum())} of {span.numel()} groups)"
         )
 

@@ -241,7 +241,7 @@ def test_choose_qparams_rejects_non_finite(scheme: Int4Scheme, bad: float) -> No
     w[1, 2, 70] = bad  # row 2 of the second matrix, group 70 // 32 = 2
     with pytest.raises(
         ShapeError,
-        match=r"w_NK must be finite, got NaN or inf in \(\.\.\., row, group\) "
+        match=r"w_NK must be finite in float32, got NaN or inf in \(\.\.\., row, group\) "
         r"\(1, 2, 2\) \(1 of 36 groups\)$",
     ):
         choose_qparams(w, scheme, scale_dtype=torch.bfloat16)
