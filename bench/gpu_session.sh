@@ -68,15 +68,16 @@ probe_set() {  # set, log name, sizes, seconds, models: $out/probe_mma_set<set><
     > "$out/probe_mma_set$set$name.log" 2>&1 || status=1
 }
 job_s=450  # a test job's seconds unless JOB_S says (modes below set their own)
-run() {  # name, then pytest arguments: one test job, its log /tmp/cuda_<name>.log
+run() {  # name, then pytest arguments: one test job, its log $out/cuda_<name>.log
+  # (in $out, so a call cut off at the device's limit still brings the logs back)
   local name=$1; shift
-  timeout "${JOB_S:-$job_s}" python -m pytest -q -p no:cacheprovider "$@" > "/tmp/cuda_$name.log" 2>&1 \
-    || { echo "cuda job $name failed or timed out (status $?)" >> "/tmp/cuda_$name.log"; return 1; }
+  timeout "${JOB_S:-$job_s}" python -m pytest -q -p no:cacheprovider "$@" > "$out/cuda_$name.log" 2>&1 \
+    || { echo "cuda job $name failed or timed out (status $?)" >> "$out/cuda_$name.log"; return 1; }
 }
 gather() {  # log, then job names: wait for the jobs, their logs into $out/<log>, a summary
   local log=$1; shift
   for job in $(jobs -p); do wait "$job" || status=1; done
-  for name in "$@"; do echo "=== $name"; cat "/tmp/cuda_$name.log"; done > "$out/$log"
+  for name in "$@"; do echo "=== $name"; cat "$out/cuda_$name.log"; done > "$out/$log"
   grep -E "passed|failed|error" "$out/$log" | grep -v "^E " | tail -10
 }
 bench_out() {  # seconds: the benchmark, its RESULTS.md, results.json and charts copied to $out

@@ -54,8 +54,9 @@ def choose_qparams(
         ``QParams`` with ``scale`` ``(..., N, G)`` and, for asymmetric, uint8 zero points.
 
     Raises:
-        ShapeError: where ``w_NK`` holds NaN or inf (found on the group scales, which
-            both make non-finite), or ``scale_dtype`` cannot hold a group's scale
+        ShapeError: where ``w_NK`` holds NaN or inf as float32 (float64 values past
+            float32's range among them; found on per-group reductions, which both
+            make non-finite), or ``scale_dtype`` cannot hold a group's scale
             (overflow to inf, or a nonzero group's scale rounding to 0).
         DTypeError: when ``scale_dtype`` is not float32, float16 or bfloat16.
         ConfigTypeError: when ``scheme`` is not an ``Int4Scheme``.
@@ -69,7 +70,7 @@ def choose_qparams(
     # The range always includes 0 so the zero point is a valid code in 0..15.
     lo = grouped.amin(dim=-1).clamp(max=0.0)
     hi = grouped.amax(dim=-1).clamp(min=0.0)
-    _check_finite_groups(hi - lo)
+    _check_finite_groups(hi + lo)  # opposite signs: finite weights cannot overflow it
     scale = _stored_scale((hi - lo) / scheme.qmax, scale_dtype)
     safe = _safe_scale(scale)
     zero = torch.round(-lo / safe).clamp(scheme.qmin, scheme.qmax).to(torch.uint8)
@@ -82,21 +83,23 @@ def _check_scheme_and_scale_dtype(scheme: Int4Scheme, scale_dtype: torch.dtype) 
     check_activation_dtype("scale_dtype", scale_dtype)
 
 
-def _check_finite_groups(span: torch.Tensor) -> None:
-    """Raise ``ShapeError`` where a group's float32 span is NaN or inf.
+def _check_finite_groups(reduced: torch.Tensor) -> None:
+    """Raise ``ShapeError`` where a group's float32 reduction is NaN or inf.
 
-    amax / amin carry a NaN through and an inf weight makes an inf span, so this
-    small ``(..., N, G)`` check finds what a pass over the weights would (a NaN code
-    cast to uint8 is undefined; it quantized silently before).
+    ``reduced`` is ``(..., N, G)``: ``amax |w| / 7.5`` (symmetric) or ``amax + amin``
+    with the range held to include 0 (asymmetric). Both carry a NaN through and turn
+    an inf weight into NaN or inf, and neither overflows for finite weights, so this
+    small check finds what a pass over the float32 weights would (a NaN code cast to
+    uint8 is undefined; it quantized silently before).
     """
-    if span.is_meta or not span.numel():
+    if reduced.is_meta or not reduced.numel():
         return
-    bad = ~torch.isfinite(span)
+    bad = ~torch.isfinite(reduced)
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
         raise ShapeError(
             "w_NK must be finite in float32, got NaN or inf in (..., row, group) "
-            f"{where} ({int(bad.sum())} of {span.numel()} groups)"
+            f"{where} ({int(bad.sum())} of {reduced.numel()} groups)"
         )
 
 
@@ -279,8 +282,12 @@ def quantize_expert_weights(
     """
     _check_scheme_and_scale_dtype(scheme, scale_dtype)
     _check_expert_shapes(w13_weight, w2_weight)
-    check_finite("w13_weight", w13_weight)
-    check_finite("w2_weight", w2_weight)
+    for name, weight in (("w13_weight", w13_weight), ("w2_weight", w2_weight)):
+        # as quantized: float64 values past float32's range are inf there
+        if weight.dtype == torch.float64:
+            check_finite(f"{name} (as float32)", weight.float())
+        else:
+            check_finite(name, weight)
     with torch.no_grad():  # codes and scales are data, not a graph back to the floats
         w13_qdata, w13 = quantize_tensor(
             w13_weight.detach(), scheme, scale_dtype=scale_dtype

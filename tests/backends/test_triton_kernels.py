@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from backends.triton._launch import ACTIVATION_CODE
+from core.activation import apply_activation
+from core.config import Activation, MoEConfig
 from tests.backends.triton_kernel_harness import activate_kernel
 
 _ALPHA, _LIMIT = 1.702, 7.0
@@ -22,6 +24,7 @@ def _device() -> torch.device:
 
 
 def _activated(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    assert gate.numel() <= 1024  # the harness kernel's one block
     out = torch.empty_like(gate)
     # exp overflowing to inf in the tails is the intended float32 result; the
     # interpreter's numpy would warn of it (an error under this suite's filters)
@@ -47,6 +50,20 @@ def _exact(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tenso
 
 
 @pytest.mark.parametrize("activation", list(ACTIVATION_CODE))
+def test_the_float64_forms_are_the_library_activations(activation: Activation) -> None:
+    """``_exact`` (erfc, sigmoid) against ``core.apply_activation`` in float64, from
+    -5 up: below that float64's own ``1 + tanh`` starts to cancel."""
+    gate = torch.linspace(-5.0, 30.0, 701, dtype=torch.float64)
+    up = torch.linspace(0.5, 2.0, 701, dtype=torch.float64)
+    config = MoEConfig(
+        num_experts=2, top_k=1, hidden_size=8, intermediate_size=701,
+        activation=activation, swiglu_alpha=_ALPHA, swiglu_limit=_LIMIT,
+    )  # fmt: skip
+    library = apply_activation(torch.cat([gate, up]), config)
+    torch.testing.assert_close(_exact(activation, gate, up), library, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATION_CODE))
 def test_activation_matches_float64_across_the_range(activation: str) -> None:
     """Within 1e-5 of each value, or 4 x float32's smallest normal where the value
     falls out of float32's range; gelu's ``1 + erf`` (torch's own formula too) also
@@ -63,8 +80,8 @@ def test_activation_matches_float64_across_the_range(activation: str) -> None:
 
 
 def test_gelu_tanh_tail_keeps_its_relative_precision() -> None:
-    """``0.5 * (1 + tanh)`` rounded the tail to 0 or to a few ulps of 1 below about -5
-    (23% off at -5.5); the sigmoid form keeps float32's relative precision."""
+    """``0.5 * (1 + tanh)`` lost the tail in float32 (30% off at -5, 0 from about
+    -5.2 down); the sigmoid form keeps float32's relative precision."""
     gate = torch.tensor([-5.0, -5.5, -7.0, -9.0], device=_device())
     up = torch.ones_like(gate)
     got = _activated("gelu_tanh", gate, up).double()

@@ -252,6 +252,45 @@ def test_choose_qparams_rejects_non_finite(scheme: Int4Scheme, bad: float) -> No
 
 
 @pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_float64_weights_past_float32_range_are_refused_as_float32(
+    scheme: Int4Scheme,
+) -> None:
+    """Finite in float64, inf once quantized in float32: named as such."""
+    w = torch.zeros(2, 64, 32, dtype=torch.float64)
+    w[0, 3, 5] = 1e39
+    with pytest.raises(
+        ShapeError, match=r"w_NK must be finite in float32, .* \(0, 3, 0\)"
+    ):
+        choose_qparams(w, scheme, scale_dtype=torch.float32)
+    with pytest.raises(
+        ShapeError,
+        match=r"w2_weight \(as float32\) must be finite, got 1 NaN/inf values "
+        r"\(first at \(0, 3, 5\)\)",
+    ):
+        quantize_expert_weights(torch.zeros(2, 64, 64), w, scheme)
+
+
+def test_a_finite_asymmetric_range_past_float32_is_a_scale_overflow() -> None:
+    """amax - amin of finite weights can overflow float32; that is the scale's
+    overflow (named with the scales), not a NaN/inf weight."""
+    w = torch.zeros(2, 64)
+    w[1, 0], w[1, 1] = 3e38, -3e38
+    with pytest.raises(ShapeError, match=r"weights need group scales .* to inf"):
+        choose_qparams(w, INT4_ASYM_G32, scale_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
+def test_choose_qparams_of_meta_and_empty_weights(scheme: Int4Scheme) -> None:
+    meta = choose_qparams(
+        torch.empty(3, 4, 64, device="meta"), scheme, scale_dtype=torch.bfloat16
+    )
+    assert meta.scale.is_meta
+    assert tuple(meta.scale.shape) == (3, 4, 2)
+    empty = choose_qparams(torch.empty(0, 64), scheme, scale_dtype=torch.bfloat16)
+    assert tuple(empty.scale.shape) == (0, 2)
+
+
+@pytest.mark.parametrize("scheme", [INT4_SYM_G32, INT4_ASYM_G32], ids=lambda s: s.name)
 @pytest.mark.parametrize(
     ("magnitude", "scales"),
     [(1e6, r"from 1\.\d+e\+05 to 1\.\d+e\+05"), (1e-8, r"from 1\.\d+e-09 to")],
