@@ -2,13 +2,17 @@
 
 ``python bench/probe_emulation_gemv.py``: per model shape and M where ``use_gemv``
 allows the GEMV, the graph-replayed and eager ms of ``fused_moe`` on bf16 weights with
-``path="gemv"`` (the table's ``GEMV_16BIT`` and other tiles) and ``path="gemm"``, each
-output checked against the float32 reference first.
+``path="gemv"`` (the table's ``GEMV_16BIT`` and other tiles) and ``path="gemm"``, and
+of the benchmark's ``torch._grouped_mm`` anchor, each output checked against the
+float32 reference first. ``PROBE_M`` (default ``1,4``) lists the sizes;
+``PROBE_FORCE=1`` runs the GEMV on 16-bit experts below ``GEMV_16BIT_MAX_EXPERT``
+wherever it fits (<= one pair per expert) instead of where ``use_gemv`` allows it.
 """
 
 # ruff: noqa: B023, D103, T201
 # A GPU script: print is its output.
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,13 +26,15 @@ from bench_gpu import (
     MODELS,
     checked,
     dense_bf16,
+    grouped_mm_anchor,
     random_int4,
     route,
     time_eager,
     time_graph,
 )
 
-from backends.triton._fused import fused_moe, use_gemv
+from backends.triton import _configs as configs
+from backends.triton._fused import _expert_size, fused_moe, use_gemv
 from backends.triton._launch import ExpertMatrix
 from backends.triton._tiles import GemvTiles
 from core.config import MoEConfig
@@ -42,6 +48,18 @@ TILES = {
 }
 
 
+SIZES = [int(m) for m in os.environ.get("PROBE_M", "1,4").split(",")]
+FORCE = os.environ.get("PROBE_FORCE") == "1"
+
+
+def gemv_fits(m: int, k: int, w13: ExpertMatrix) -> bool:
+    """``use_gemv``, or with ``PROBE_FORCE`` small experts at <= one pair each."""
+    if not FORCE:
+        return use_gemv(m * k, w13)
+    small = _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
+    return small and m * k <= int(w13.data.shape[0])
+
+
 def main() -> None:
     torch.manual_seed(0)
     for name, (e, k, d, f) in MODELS.items():
@@ -49,14 +67,16 @@ def main() -> None:
         q = random_int4(e, d, f)
         w13, w2 = dense_bf16(q)
         d13, d2 = ExpertMatrix(data=w13), ExpertMatrix(data=w2)
-        for m in (1, 4):
-            if not use_gemv(m * k, d13):
+        w13t, w2t = w13.transpose(1, 2), w2.transpose(1, 2)
+        for m in SIZES:
+            if not gemv_fits(m, k, d13):
                 continue
             x = torch.randn(m, d, device="cuda").to(torch.bfloat16)
             r = route(m, e, k)
             ref = moe_forward_reference(x, q, r, config)
             runs: dict[str, Callable[[], torch.Tensor]] = {
-                "gemm": lambda: fused_moe(x, d13, d2, r, config, path="gemm")
+                "gemm": lambda: fused_moe(x, d13, d2, r, config, path="gemm"),
+                "grouped_mm": lambda: grouped_mm_anchor(x, w13t, w2t, r),
             }
             for label, tiles in TILES.items():
 
@@ -73,7 +93,7 @@ def main() -> None:
                     f"eager {time_eager(fn):.4f} ms err {err:.1e}",
                     flush=True,
                 )
-        del q, w13, w2
+        del q, w13, w2  # w13t and w2t (views) go with the next model
         torch.cuda.empty_cache()
 
 
