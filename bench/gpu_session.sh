@@ -53,9 +53,9 @@
 # "final": the benchmark (copied to $OUT), then the table GEMV's CUDA tests, the
 # module's, the w4a16 graph / sync tests and the GEMV's float16-chain (bulk) and PTX
 # tests in five jobs, one log in $OUT.
-# "final-tests": those five jobs alone. "emul": the benchmark (copied to $OUT), then
-# bench/probe_emulation_gemv.py at M = 1-16 with PROBE_FORCE=1 (triton-emulation's 16-bit
-# GEMV against its GEMM and the grouped_mm anchor, eager and replayed), log in $OUT.
+# "final-tests": those five jobs alone. "emul": bench/probe_emulation_gemv.py at
+# M = 1-16 with PROBE_FORCE=1 (triton-emulation's 16-bit GEMV against its GEMM and the
+# grouped_mm anchor, eager and replayed), log in $OUT; then the benchmark (copied too).
 # "profile": on an H200 the benchmark first (bench.tar in $OUT: its log, RESULTS.md,
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
@@ -326,11 +326,11 @@ if [ "$mode" = "ahead" ]; then  # the GEMV's inputs a step ahead (PROBE_SET 6), 
   gather ahead_suite.log a1 a2 a3 a4
   exit $status
 fi
-if [ "$mode" = "emul" ]; then  # the benchmark, then the emulation's GEMV against its GEMM
-  bench_out 300
+if [ "$mode" = "emul" ]; then  # the emulation's GEMV against its GEMM, then the benchmark
   PROBE_M=1,2,4,8,16 PROBE_FORCE=1 timeout 200 python bench/probe_emulation_gemv.py \
     > "$out/probe_emulation_gemv.log" 2>&1 || status=1
   tail -3 "$out/probe_emulation_gemv.log"
+  bench_out 300
   exit $status
 fi
 if [ "$mode" = "final" ] || [ "$mode" = "final-tests" ]; then  # bench; GEMV, module tests
