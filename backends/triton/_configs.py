@@ -110,6 +110,16 @@ GEMV_16BIT_MAX_EXPERT: Final = 1 << 23
 """``hidden * intermediate`` below which triton-emulation takes the 16-bit GEMV
 (``GEMV_16BIT``): Qwen3-235B (6.3 M) and Qwen3-30B-A3B (1.6 M); Mixtral (58.7 M) and
 DeepSeek-V3 (14.7 M) keep the GEMM."""
+GEMV_16BIT_TINY_EXPERT: Final = 1 << 21
+"""``hidden * intermediate`` below which triton-emulation's 16-bit GEMV takes up to
+``GEMV_16BIT_TINY_PAIRS`` pairs (Qwen3-30B-A3B, 1.6 M). H100, c91bab4
+(bench/sweeps/probe_emulation_gemv_c91bab4_h100.log, ms replayed / eager, GEMV against
+the GEMM): Qwen3-30B-A3B M = 2 (16 pairs) 0.068 / 0.081 against 0.066 / 0.154 (the
+GEMV's three launches against the GEMM's five); M = 4 0.102 / 0.114 against 0.099 /
+0.112 and M = 8 0.177 / 0.188 against 0.168 / 0.181, so the GEMM keeps those.
+Qwen3-235B (6.3 M) lost 2-7% both ways from M = 1 on this host, where the H200's
+probe had it 26% faster eager at M = 1: it keeps ``GEMV_FEW_PAIRS``."""
+GEMV_16BIT_TINY_PAIRS: Final = 16
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 128
 ALIGN_ONE_LAUNCH_MAX_PAIRS: Final = 2048

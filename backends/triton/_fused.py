@@ -74,8 +74,9 @@ def use_gemv(
     ``GEMV_WIDE_MAX_PAIRS`` (``_gemv_wide``). Other
     int4 (the byte GEMV) and 16-bit weights (emulation): <= ``GEMV_FEW_PAIRS`` and <=
     one pair per two experts; 16-bit only for experts below
-    ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``). The pair-major GEMV reads a used
-    expert's weights once per pair (1.6 times on average at one pair per expert under
+    ``GEMV_16BIT_MAX_EXPERT`` (see ``GEMV_16BIT``), and up to ``GEMV_16BIT_TINY_PAIRS``
+    below ``GEMV_16BIT_TINY_EXPERT``. The pair-major GEMV reads a used expert's weights
+    once per pair (1.6 times on average at one pair per expert under
     uniform routing, 1.3 at one per two), without the GEMM's 16-row minimum or its
     alignment launch.
     """
@@ -90,9 +91,14 @@ def use_gemv(
                 most = max(most, min(wide, configs.GEMV_WIDE_MAX_PAIRS))
             return num_pairs <= most
         return num_pairs <= min(configs.GEMV_MAX_PAIRS, experts)
-    if num_pairs > configs.GEMV_FEW_PAIRS or 2 * num_pairs > experts:
+    if 2 * num_pairs > experts:
         return False
-    return w13.is_int4 or _expert_size(w13) < configs.GEMV_16BIT_MAX_EXPERT
+    if w13.is_int4:
+        return num_pairs <= configs.GEMV_FEW_PAIRS
+    size = _expert_size(w13)
+    if size < configs.GEMV_16BIT_TINY_EXPERT:
+        return num_pairs <= configs.GEMV_16BIT_TINY_PAIRS
+    return num_pairs <= configs.GEMV_FEW_PAIRS and size < configs.GEMV_16BIT_MAX_EXPERT
 
 
 def _gemv_wide(w13: ExpertMatrix, experts: int) -> bool:

@@ -270,8 +270,9 @@ def test_gemv_is_the_decode_rule() -> None:
     assert use_gemv(4, dense, enabled=True)  # 16-bit (emulation): the same few pairs
     assert not use_gemv(5, dense, enabled=True)
     dense_many = ExpertMatrix(data=torch.zeros(256, 4, 64, dtype=torch.bfloat16))
-    assert use_gemv(configs.GEMV_FEW_PAIRS, dense_many, enabled=True)
-    assert not use_gemv(configs.GEMV_FEW_PAIRS + 1, dense_many, enabled=True)
+    # 16-bit experts of 64 x 2 weights: tiny (GEMV_16BIT_TINY_EXPERT)
+    assert use_gemv(configs.GEMV_16BIT_TINY_PAIRS, dense_many, enabled=True)
+    assert not use_gemv(configs.GEMV_16BIT_TINY_PAIRS + 1, dense_many, enabled=True)
 
     def dense_experts(d: int, f: int) -> ExpertMatrix:  # shape only, on "meta"
         shape = (128, 2 * f, d)
@@ -280,7 +281,14 @@ def test_gemv_is_the_decode_rule() -> None:
         )
 
     assert use_gemv(8, dense_experts(4096, 1536), enabled=True)  # Qwen3-235B: 6.3 M
+    assert not use_gemv(9, dense_experts(4096, 1536), enabled=True)
     assert not use_gemv(8, dense_experts(7168, 2048), enabled=True)  # DeepSeek: 14.7 M
+    tiny = dense_experts(2048, 768)  # Qwen3-30B-A3B: 1.6 M, below the tiny bound
+    assert use_gemv(configs.GEMV_16BIT_TINY_PAIRS, tiny, enabled=True)
+    assert not use_gemv(configs.GEMV_16BIT_TINY_PAIRS + 1, tiny, enabled=True)
+    assert configs.GEMV_16BIT_TINY_EXPERT == 2048 * 1024  # the edge is not tiny
+    assert not use_gemv(9, dense_experts(2048, 1024), enabled=True)
+    assert use_gemv(9, dense_experts(2048, 1023), enabled=True)
     assert not use_gemv(1, w13, enabled=False)
     assert use_gemv(1, w13) is GEMV_BY_DEFAULT
 

@@ -264,16 +264,23 @@ def test_emulation_decode_gemv(activation: Activation, dtype: torch.dtype) -> No
 
 
 @pytest.mark.parametrize(
-    "size",
-    [(128, 8, 2048, 768), (128, 8, 4096, 1536), (8, 2, 4096, 14336)],
-    ids=["qwen3-30b", "qwen3-235b", "mixtral-gemm"],
-)
-def test_emulation_decode_model_shapes(size: tuple[int, int, int, int]) -> None:
-    """One token: the 16-bit GEMV for the Qwen3 shapes, the GEMM for Mixtral's."""
+    ("size", "tokens", "gemv"),
+    [((128, 8, 2048, 768), 1, True), ((128, 8, 2048, 768), 2, True),
+     ((128, 8, 4096, 1536), 1, True), ((128, 8, 4096, 1536), 2, False),
+     ((8, 2, 4096, 14336), 1, False)],
+    ids=["qwen3-30b", "qwen3-30b-2-tokens", "qwen3-235b", "qwen3-235b-2-tokens-gemm",
+         "mixtral-gemm"],
+)  # fmt: skip
+def test_emulation_decode_model_shapes(
+    size: tuple[int, int, int, int], tokens: int, gemv: bool
+) -> None:
+    """The 16-bit GEMV for the Qwen3 shapes at one token and Qwen3-30B-A3B's tiny
+    experts at two (16 pairs), the GEMM for Mixtral's and Qwen3-235B at two."""
     e, k, d, f = size
     dense = ExpertMatrix(data=torch.empty(e, 2 * f, d, device="meta"))
-    assert use_gemv(k, dense) == (f < 14336)
-    _check("triton-emulation", _config(e, k, d, f), SCHEMES[2], torch.bfloat16, 1)
+    assert use_gemv(k * tokens, dense) is gemv
+    config = _config(e, k, d, f)
+    _check("triton-emulation", config, SCHEMES[2], torch.bfloat16, tokens)
 
 
 def test_emulation_decode_gemv_graph_replay() -> None:
