@@ -60,6 +60,9 @@
 # results.json, charts), then on any GPU Nsight Compute (--set full) over one forward
 # of each NCU_CELLS cell (default Mixtral M = 64 and Qwen3-235B M = 1): the report
 # (gzipped), its details page and its SASS source page (CSV, gzipped) in $OUT.
+# The device tool brings back at most eight files from $OUT; for modes that leave more
+# (tests, final, emul), call it as: mkdir -p $OUT/t; OUT=$OUT/t bash bench/gpu_session.sh
+# MODE; cd $OUT && tar czf t.tgz t && rm -rf t (how c91bab4's record and suite came back).
 # Exit status: non-zero if the benchmark or any test job failed.
 set -uo pipefail
 out="${OUT:-/tmp}"
