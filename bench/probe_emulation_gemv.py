@@ -41,7 +41,7 @@ from core.config import MoEConfig
 from core.reference import moe_forward_reference
 
 TILES = {
-    "16x128 w4 (table)": None,
+    "table (GEMV_16BIT)": None,
     "32x128 w4": GemvTiles(block_n=32, block_k=128),
     "16x256 w4": GemvTiles(block_n=16, block_k=256),
     "8x256 w2": GemvTiles(block_n=8, block_k=256, num_warps=2),
