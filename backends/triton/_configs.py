@@ -99,7 +99,8 @@ cell, 1.6-8%; ahead on w13 alone or w2 alone gained less, but for DeepSeek-V3, w
 w2 alone gained as much and w13 alone nothing."""
 GEMV_16BIT: Final = GemvTiles(block_n=8, block_k=256, num_warps=2)
 """Decode GEMV on 16-bit weights (triton-emulation): <= ``GEMV_FEW_PAIRS`` pairs of
-experts below ``GEMV_16BIT_MAX_EXPERT``. Three launches instead of the grouped GEMM's
+experts below ``GEMV_16BIT_MAX_EXPERT``, <= ``GEMV_16BIT_TINY_PAIRS`` below
+``GEMV_16BIT_TINY_EXPERT`` (``use_gemv``). Three launches instead of the grouped GEMM's
 five (no alignment): at M = 1 (bench/sweeps/probe_emulation_gemv_h200.log, ms)
 Qwen3-30B-A3B eager 0.063 vs 0.152 for the GEMM, graph-replayed 0.044 vs 0.042;
 Qwen3-235B eager 0.141 vs 0.190, replayed 0.107 vs 0.098. Larger experts stay on the
@@ -113,12 +114,13 @@ DeepSeek-V3 (14.7 M) keep the GEMM."""
 GEMV_16BIT_TINY_EXPERT: Final = 1 << 21
 """``hidden * intermediate`` below which triton-emulation's 16-bit GEMV takes up to
 ``GEMV_16BIT_TINY_PAIRS`` pairs (Qwen3-30B-A3B, 1.6 M). H100, c91bab4
-(bench/sweeps/probe_emulation_gemv_c91bab4_h100.log, ms replayed / eager, GEMV against
-the GEMM): Qwen3-30B-A3B M = 2 (16 pairs) 0.068 / 0.081 against 0.066 / 0.154 (the
-GEMV's three launches against the GEMM's five); M = 4 0.102 / 0.114 against 0.099 /
-0.112 and M = 8 0.177 / 0.188 against 0.168 / 0.181, so the GEMM keeps those.
-Qwen3-235B (6.3 M) lost 2-7% both ways from M = 1 on this host, where the H200's
-probe had it 26% faster eager at M = 1: it keeps ``GEMV_FEW_PAIRS``."""
+(bench/sweeps/probe_emulation_gemv_c91bab4_h100.log, ms replayed / eager, the GEMV in
+``GEMV_16BIT``'s tiles, its "8x256 w2" row, against the GEMM): Qwen3-30B-A3B M = 2
+(16 pairs) 0.068 / 0.081 against 0.066 / 0.154 (the GEMV's three launches against the
+GEMM's five); M = 4 0.102 / 0.114 against 0.099 / 0.112 and M = 8 0.177 / 0.188
+against 0.168 / 0.181, so the GEMM keeps those. Qwen3-235B (6.3 M) lost 2-7% both
+ways at M = 1-4 on this host (7-11% at 8-16), where the H200's probe had it 26% less
+time eager at M = 1: it keeps ``GEMV_FEW_PAIRS``."""
 GEMV_16BIT_TINY_PAIRS: Final = 16
 GEMV_FEW_PAIRS: Final = 8
 GEMV_MAX_PAIRS: Final = 128
@@ -132,7 +134,7 @@ launch 4.9-6.7 us against 6.4-8.2 up to 512 pairs, 9.1-10.3 against 9.8-10.5 at 
 of 9 cells, the other two within the spread of two replays of one form."""
 GEMV_MAX_PAIRS_MMA: Final = 64
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
-experts); where w13 reads as int32 words (``int4_words_fit``) up to ``GEMV_MAX_PAIRS`` at
+experts; 16-bit experts below ``GEMV_16BIT_TINY_EXPERT`` up to ``GEMV_16BIT_TINY_PAIRS``); where w13 reads as int32 words (``int4_words_fit``) up to ``GEMV_MAX_PAIRS`` at
 <= one per expert, and up to ``GEMV_MAX_PAIRS_MMA`` at <= one per two experts where the
 Gluon decode GEMM runs (``mma_runs``): the pair-major GEMV reads an expert once per
 pair routed to it, the GEMM once per row block. Against that kernel's 8-row form with
