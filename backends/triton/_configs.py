@@ -134,8 +134,9 @@ launch 4.9-6.7 us against 6.4-8.2 up to 512 pairs, 9.1-10.3 against 9.8-10.5 at 
 of 9 cells, the other two within the spread of two replays of one form."""
 GEMV_MAX_PAIRS_MMA: Final = 64
 """``use_gemv`` takes the GEMV up to ``GEMV_FEW_PAIRS`` routed pairs (and <= one per two
-experts; 16-bit experts below ``GEMV_16BIT_TINY_EXPERT`` up to ``GEMV_16BIT_TINY_PAIRS``); where w13 reads as int32 words (``int4_words_fit``) up to ``GEMV_MAX_PAIRS`` at
-<= one per expert, and up to ``GEMV_MAX_PAIRS_MMA`` at <= one per two experts where the
+experts; 16-bit experts below ``GEMV_16BIT_TINY_EXPERT`` up to
+``GEMV_16BIT_TINY_PAIRS``); where w13 reads as int32 words (``int4_words_fit``) up to
+``GEMV_MAX_PAIRS`` at <= one per expert, and up to ``GEMV_MAX_PAIRS_MMA`` at <= one per two experts where the
 Gluon decode GEMM runs (``mma_runs``): the pair-major GEMV reads an expert once per
 pair routed to it, the GEMM once per row block. Against that kernel's 8-row form with
 copy groups (bench/sweeps/probe_mma_copy_rule_h200.log, graph replay, ms, GEMV vs
