@@ -140,7 +140,8 @@ experts; 16-bit experts below ``GEMV_16BIT_TINY_EXPERT`` up to
 two experts where the Gluon decode GEMM runs (``mma_runs``): the pair-major GEMV reads
 an expert once per pair routed to it, the GEMM once per row block. Against that
 kernel's 8-row form with copy groups (bench/sweeps/probe_mma_copy_rule_h200.log, graph
-replay, ms, GEMV vs GEMM): at 128 pairs (M = 16) the GEMM won or tied (Qwen3-235B 0.360 vs 0.274,
+replay, ms, GEMV vs GEMM): at 128 pairs (M = 16) the GEMM won or tied (Qwen3-235B
+0.360 vs 0.274,
 Qwen3-30B-A3B 0.117 vs 0.103, DeepSeek-V3 0.790 vs 0.778); at 64 (M = 8) DeepSeek-V3
 0.413 vs 0.436, Qwen3-30B-A3B 0.068 vs 0.069, Qwen3-235B 0.195 vs 0.186; at 32 and
 below the GEMV won on the 128- and 256-expert models by 10-50%. Mixtral at M = 4 (8
